@@ -1,6 +1,6 @@
 /* kvkern.h — libkvkern: the CPU twins of every kernel, and the reference numerics.
  *
- * Every GPU kernel in cuda/*.cu has a function here with the same contract; the CPU twin is
+ * Every GPU kernel in cuda/<module>.cu has a function here with the same contract; the CPU twin is
  * the reference for the GPU tests and the compute path of the host backend. Byte layouts are
  * in kv_format.h. Functions are pure (no globals), thread-safe, and never abort on bad input:
  * they return KVK_EINVAL. Arrays are row-major; shapes are written beside each parameter.

@@ -1,0 +1,174 @@
+/* tq3.c — TQ3 rows: 3-bit rotated codes for keys (Lloyd–Max + FP16 norm) and values (affine
+ * + FP16 scale/zero). CPU twins of the retier/promote kernels' inner loops.
+ *
+ * Bit planes (kv_format.h): coordinate i = 32g + j lives in words 3g, 3g+1, 3g+2 as bit j of
+ * each; word 3g+k holds bit k of the code.
+ *
+ *   word 3g+0:  b0(c[32g+31]) … b0(c[32g+1]) b0(c[32g])      (bit j = bit 0 of code 32g+j)
+ *   word 3g+1:  b1(…)
+ *   word 3g+2:  b2(…)
+ *
+ * KEYS. y = R k, n = ‖k‖ (accumulated in double, rounded to float), z_i = y_i · (sqrt(d)/n)
+ * (float: sc = sqrtf(d)/n, z_i = y_i·sc), i.e. the i-th coordinate of R(k/‖k‖) scaled to unit
+ * variance. code_i = #{ j ∈ 0..6 : z_i ≥ b_j } with b_j = 0.5f·(C_j + C_{j+1}) in float,
+ * C = KV_TQ3_CENTROIDS_INIT. So boundaries are the float midpoints and a value exactly on a
+ * boundary takes the UPPER code (z = 0 → code 4). The GPU must use the same comparison (≥).
+ * Decode: k̂ = γ · Rᵀ ĉ, ĉ_i = C[code_i]/sqrt(d); in float t_i = C[code_i] · (γ·(1/sqrt(d))).
+ *
+ * Norm correction γ (FP16). Three candidates, with β = ⟨R k/‖k‖, ĉ⟩ (≤ ‖ĉ‖ by Cauchy):
+ *   norm-preserving  γ = ‖k‖ / ‖ĉ‖            ‖k̂‖ = ‖k‖
+ *   least squares    γ = ‖k‖ · β / ‖ĉ‖²        minimises ‖k − k̂‖²
+ *   debiased         γ = ‖k‖ / β               for a query q isotropic around k, ĉ = β·ŷ + r with
+ *                    r ⊥ ŷ, E[(Rq)·r | q·k] = 0, so E[q·k̂ | q·k] = γ·β·q·k/‖k‖ = q·k.
+ * TQ3_GAMMA below picks the shipped one; kvcodec's "gamma_study" section measures all three on
+ * softmax attention (docs/formats.md has the figures and the reason for the choice).
+ * A zero or non-finite key (n = 0, inf or NaN) stores codes 0 and γ = 0: it decodes to zeros.
+ * γ above the FP16 range saturates to 65504 (an FP8-decoded key is far below that).
+ *
+ * VALUES. y = R v; zero = half(min y), scale = half((max y − min y)/7.0f) — rounded to FP16
+ * FIRST, and the codes computed from the rounded z = float(zero), s = float(scale):
+ *   code_i = clamp(rintf((y_i − z)/s), 0, 7)   (IEEE division; rintf = round half to even)
+ * so encode and decode agree on the grid. s == 0 (constant vector, or a range below FP16's
+ * smallest subnormal) gives codes 0. FP16 overflow saturates to ±65504. A non-finite y
+ * (inf/NaN input) stores scale = zero = 0 and codes 0. Decode: v̂ = Rᵀ(z + code·s) with
+ * z + code·s evaluated in float as (float)code·s + z (a GPU fmaf differs by ≤ 1 ulp).
+ */
+#include "kvkern.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { TQ3_GAMMA_NORM = 0, TQ3_GAMMA_LSQ = 1, TQ3_GAMMA_DEBIAS = 2 };
+#define TQ3_GAMMA TQ3_GAMMA_LSQ
+
+static const float tq3_centroid[KV_TQ3_LEVELS] = KV_TQ3_CENTROIDS_INIT;
+
+uint32_t kv_tq3_code_get(const uint32_t *planes, uint32_t i)
+{
+    const uint32_t *w = planes + (uint64_t)(i >> 5) * 3;
+    uint32_t j = i & 31u;
+    return ((w[0] >> j) & 1u) | (((w[1] >> j) & 1u) << 1) | (((w[2] >> j) & 1u) << 2);
+}
+
+void kv_tq3_code_set(uint32_t *planes, uint32_t i, uint32_t code)
+{
+    uint32_t *w = planes + (uint64_t)(i >> 5) * 3;
+    uint32_t j = i & 31u;
+    for (uint32_t k = 0; k < 3; k++)
+        w[k] = (w[k] & ~(1u << j)) | (((code >> k) & 1u) << j);
+}
+
+static uint16_t half_sat(float x)
+{
+    if (x > 65504.0f)
+        x = 65504.0f;
+    else if (x < -65504.0f)
+        x = -65504.0f;
+    return kv_half_from_float(x);
+}
+
+static int dim_ok(uint32_t d)
+{
+    return d >= 32 && d <= KV_MAX_HEAD_DIM && (d & (d - 1)) == 0;
+}
+
+static void planes_zero(uint32_t d, uint32_t *planes)
+{
+    memset(planes, 0, (size_t)(d / 32) * 3 * sizeof(uint32_t));
+}
+
+void kv_tq3_encode_key(uint64_t seed, uint32_t d, const float *k, uint32_t *planes, uint16_t *norm)
+{
+    float y[KV_MAX_HEAD_DIM];
+    if (!dim_ok(d))
+        return;
+    planes_zero(d, planes);
+    *norm = 0;
+
+    double ss = 0.0;
+    for (uint32_t i = 0; i < d; i++)
+        ss += (double)k[i] * k[i];
+    float n = (float)sqrt(ss);
+    if (!(n > 0.0f) || !isfinite(n))
+        return;
+
+    float b[KV_TQ3_LEVELS - 1];
+    for (int j = 0; j < KV_TQ3_LEVELS - 1; j++)
+        b[j] = 0.5f * (tq3_centroid[j] + tq3_centroid[j + 1]);
+
+    kv_rot_forward(seed, d, k, y);
+    float sc = sqrtf((float)d) / n;
+    double dot = 0.0, cc = 0.0; /* ⟨z, C[code]⟩ and ‖C[code]‖², both in unit-variance units */
+    for (uint32_t i = 0; i < d; i++) {
+        float z = y[i] * sc;
+        uint32_t c = 0;
+        for (int j = 0; j < KV_TQ3_LEVELS - 1; j++)
+            c += z >= b[j];
+        kv_tq3_code_set(planes, i, c);
+        dot += (double)z * tq3_centroid[c];
+        cc += (double)tq3_centroid[c] * tq3_centroid[c];
+    }
+    /* In ĉ units (÷ sqrt(d) each side): β = dot/d, ‖ĉ‖² = cc/d. */
+    double beta = dot / d, c2 = cc / d, g;
+#if TQ3_GAMMA == TQ3_GAMMA_NORM
+    (void)beta;
+    g = n / sqrt(c2);
+#elif TQ3_GAMMA == TQ3_GAMMA_LSQ
+    g = n * beta / c2;
+#else
+    g = beta > 0.0 ? n / beta : 0.0;
+#endif
+    *norm = half_sat((float)g);
+}
+
+void kv_tq3_decode_key(uint64_t seed, uint32_t d, const uint32_t *planes, uint16_t norm, float *k)
+{
+    if (!dim_ok(d))
+        return;
+    float g = kv_half_to_float(norm) * (float)(1.0 / sqrt((double)d));
+    for (uint32_t i = 0; i < d; i++)
+        k[i] = tq3_centroid[kv_tq3_code_get(planes, i)] * g;
+    kv_rot_inverse(seed, d, k, k);
+}
+
+void kv_tq3_encode_value(uint64_t seed, uint32_t d, const float *v, uint32_t *planes,
+                         uint16_t *scale, uint16_t *zero)
+{
+    float y[KV_MAX_HEAD_DIM];
+    if (!dim_ok(d))
+        return;
+    planes_zero(d, planes);
+    *scale = 0;
+    *zero = 0;
+
+    kv_rot_forward(seed, d, v, y);
+    float lo = y[0], hi = y[0];
+    for (uint32_t i = 0; i < d; i++) {
+        if (!isfinite(y[i]))
+            return;
+        lo = y[i] < lo ? y[i] : lo;
+        hi = y[i] > hi ? y[i] : hi;
+    }
+    uint16_t zh = half_sat(lo), sh = half_sat((hi - lo) / 7.0f);
+    float z = kv_half_to_float(zh), s = kv_half_to_float(sh);
+    *scale = sh;
+    *zero = zh;
+    if (!(s > 0.0f))
+        return;
+    for (uint32_t i = 0; i < d; i++) {
+        float q = rintf((y[i] - z) / s);
+        uint32_t c = q >= 7.0f ? 7u : q > 0.0f ? (uint32_t)q : 0u;
+        kv_tq3_code_set(planes, i, c);
+    }
+}
+
+void kv_tq3_decode_value(uint64_t seed, uint32_t d, const uint32_t *planes, uint16_t scale,
+                         uint16_t zero, float *v)
+{
+    if (!dim_ok(d))
+        return;
+    float s = kv_half_to_float(scale), z = kv_half_to_float(zero);
+    for (uint32_t i = 0; i < d; i++)
+        v[i] = (float)kv_tq3_code_get(planes, i) * s + z;
+    kv_rot_inverse(seed, d, v, v);
+}
