@@ -442,8 +442,7 @@ int kv_attn_reference(const kv_geom_t *g, const kv_pools_t *pools, const kv_dir_
                 /* the buffers have T spare rows, so the last block may land whole */
                 rc = kv_page_decode_block(g, f, page, b->layer, KV_KIND_K, kh, kd + p * T * d);
                 if (rc == KVK_OK)
-                    rc = kv_page_decode_block(g, f, page, b->layer, KV_KIND_V, kh,
-                                              vd + p * T * d);
+                    rc = kv_page_decode_block(g, f, page, b->layer, KV_KIND_V, kh, vd + p * T * d);
                 if (rc != KVK_OK)
                     goto out;
             }

@@ -128,8 +128,11 @@ static void fx_build(fx_t *fx, uint32_t T, uint32_t kv_heads, uint32_t d, uint32
 {
     memset(fx, 0, sizeof(*fx));
     fx->rng.s = seed;
-    fx->g = (kv_geom_t){.layers = FX_LAYERS, .kv_heads = kv_heads, .head_dim = d,
-                        .page_tokens = T, .seed = seed * 7 + 1};
+    fx->g = (kv_geom_t){.layers = FX_LAYERS,
+                        .kv_heads = kv_heads,
+                        .head_dim = d,
+                        .page_tokens = T,
+                        .seed = seed * 7 + 1};
     assert_true(kv_geom_valid(&fx->g));
 
     fx->indptr = calloc(batch + 1, sizeof(uint32_t));
@@ -197,9 +200,13 @@ static void fx_build(fx_t *fx, uint32_t T, uint32_t kv_heads, uint32_t d, uint32
     for (uint64_t i = 0; i < nq; i++)
         fx->q[i] = qscale * rng_gauss(&fx->rng);
 
-    fx->b = (kv_attn_batch_t){.batch = batch, .q_heads = H, .layer = FX_LAYER,
-                              .sm_scale = 1.0f / sqrtf((float)d), .page_indptr = fx->indptr,
-                              .page_ids = fx->ids, .seq_len = fx->len};
+    fx->b = (kv_attn_batch_t){.batch = batch,
+                              .q_heads = H,
+                              .layer = FX_LAYER,
+                              .sm_scale = 1.0f / sqrtf((float)d),
+                              .page_indptr = fx->indptr,
+                              .page_ids = fx->ids,
+                              .seq_len = fx->len};
 }
 
 static void fx_free(fx_t *fx)
@@ -250,9 +257,9 @@ static float *merge_out(const fx_t *fx, const parts_t *pt)
     const uint32_t H = fx->b.q_heads, d = fx->g.head_dim;
     float *out = malloc((uint64_t)(fx->b.batch ? fx->b.batch : 1) * H * d * sizeof(float));
     assert_non_null(out);
-    assert_int_equal(kv_attn_merge(fx->b.batch, pt->splits * KV_FMT_COUNT, H, d, pt->m, pt->l,
-                                   pt->o, out),
-                     KVK_OK);
+    assert_int_equal(
+        kv_attn_merge(fx->b.batch, pt->splits * KV_FMT_COUNT, H, d, pt->m, pt->l, pt->o, out),
+        KVK_OK);
     return out;
 }
 
@@ -295,7 +302,7 @@ static double seq_rel_err(const fx_t *fx, uint32_t s, const float *a, const floa
     return sqrt(num / den);
 }
 
-#define TOL_REF 1e-5
+#define TOL_REF   1e-5
 #define TOL_SPLIT 1e-6
 
 /* The standard batch: mixed interleaved, all FP8, all TQ3, one partial page, empty, and one
@@ -328,8 +335,7 @@ static void check_against_reference(uint32_t T, uint32_t kvh, uint32_t d, uint32
     for (uint32_t s = 0; s < batch; s++) {
         double e = seq_rel_err_ref(&fx, s, out, ref);
         if (!(e <= TOL_REF))
-            fail_msg("T=%u d=%u group=%u seq %u: rel err %.3g > %.0e", T, d, group, s, e,
-                     TOL_REF);
+            fail_msg("T=%u d=%u group=%u seq %u: rel err %.3g > %.0e", T, d, group, s, e, TOL_REF);
         if (spec[s].len == 0) /* nothing to attend: exactly zero, and ref agrees */
             for (uint64_t i = 0; i < (uint64_t)fx.b.q_heads * d; i++)
                 assert_true(out[s * fx.b.q_heads * d + i] == 0.0f);
@@ -541,14 +547,14 @@ static void test_tail_slots_ignored(void **state)
             if (cnt) {
                 /* kv_fp8_append wants the page mapped FP8: map its source page temporarily */
                 fx.dir[fx.ids[p]] = kv_dir_make(fx.fp8_phys[p], KV_FMT_FP8, KV_DIR_VALID, 3);
-                assert_int_equal(kv_fp8_append(&fx.g, &fx.pools, fx.dir, fx.dir_len, FX_LAYER,
-                                               cnt, sp, si, k, v),
+                assert_int_equal(kv_fp8_append(&fx.g, &fx.pools, fx.dir, fx.dir_len, FX_LAYER, cnt,
+                                               sp, si, k, v),
                                  KVK_OK);
                 fx.dir[fx.ids[p]] = e;
             }
             if (fx.fmt[p] == 'T') {
-                uint8_t *dst = fx.pools.base[KV_FMT_TQ3] +
-                               (uint64_t)j * kv_page_bytes(&fx.g, KV_FMT_TQ3);
+                uint8_t *dst =
+                    fx.pools.base[KV_FMT_TQ3] + (uint64_t)j * kv_page_bytes(&fx.g, KV_FMT_TQ3);
                 assert_int_equal(kv_page_retier(&fx.g, fx_fp8_page(&fx, fx.fp8_phys[p]), dst),
                                  KVK_OK);
                 j++;
@@ -845,7 +851,7 @@ static void test_partial_rejects_bad_input(void **state)
         kv_dir_make(P->pages[KV_FMT_FP8], KV_FMT_FP8, KV_DIR_VALID, 1),
         kv_dir_make(UINT32_MAX, KV_FMT_FP8, KV_DIR_VALID, 1),
     };
-    static const char *what[] = {"entry not VALID", "format KV_FMT_COUNT", "format 0x7f",
+    static const char *what[] = {"entry not VALID",      "format KV_FMT_COUNT",  "format 0x7f",
                                  "TQ3 phys out of pool", "FP8 phys out of pool", "phys ~0"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         fx.dir[victim] = bad[i];
