@@ -1,0 +1,37 @@
+/* backend.c — choosing a backend by name, and the generic destructor.
+ *
+ * "cuda" is refused here with a clear error until backend_cuda.c exists; DESIGN.md forbids a
+ * silent fallback to host when a GPU was asked for.
+ */
+#include "backend.h"
+
+#include <string.h>
+
+#include "kv_err.h"
+#include "util.h"
+
+int kvd_backend_create(kvd_backend_t **out, const char *name, const kv_geom_t *geom,
+                       const uint32_t pages[KV_FMT_COUNT], uint32_t dir_entries, char *err,
+                       size_t errlen)
+{
+    if (!out)
+        return KV_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (!name || strcmp(name, "host") == 0)
+        return kvd_backend_host_create(out, geom, pages, dir_entries, err, errlen);
+    if (strcmp(name, "cuda") == 0) {
+        kvd_fmt(err, errlen, "backend \"cuda\" is not available in this build "
+                             "(no CUDA backend compiled in); use backend host");
+        return KV_ERR_DEVICE;
+    }
+    kvd_fmt(err, errlen, "unknown backend \"%s\" (expected host or cuda)", name);
+    return KV_ERR_INVALID_ARGUMENT;
+}
+
+void kvd_backend_free(kvd_backend_t **b)
+{
+    if (!b || !*b)
+        return;
+    (*b)->ops->destroy(*b);
+    *b = NULL;
+}

@@ -1,0 +1,877 @@
+/* core.c — kvdcore's public operations: init, alloc/release, seal/lookup, cache admin,
+ * conversions (Minima-KV Algorithm 1), the invariant checker and stats.
+ *
+ * Every operation validates everything and reserves every allocation it may need BEFORE it
+ * changes state, so a failure (bad argument, out of memory) leaves the core exactly as it was.
+ * Reference moves are done in the order "acquire new, then drop old", so a page can never be
+ * retired in the middle of an operation that is about to take it back.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <sodium.h>
+
+#include "core_int.h"
+
+int kvd__fail(kvd_core_t *c, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof(c->err), fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+uint64_t kvd__now(const kvd_core_t *c)
+{
+    if (c->now_ns)
+        return c->now_ns(c->now_ud);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+const char *kvd_core_errmsg(const kvd_core_t *c)
+{
+    return c ? c->err : "no core";
+}
+
+const char *kvd_page_state_name(kvd_page_state_t s)
+{
+    switch (s) {
+    case KVD_PAGE_FREE:
+        return "free";
+    case KVD_PAGE_OPEN:
+        return "open";
+    case KVD_PAGE_SEALED:
+        return "sealed";
+    case KVD_PAGE_RETIRED:
+        return "retired";
+    }
+    return "unknown";
+}
+
+void kvd_core_opts_default(kvd_core_opts_t *o, const kv_geom_t *g, uint32_t fp8_pages,
+                           uint32_t tq3_pages)
+{
+    memset(o, 0, sizeof(*o));
+    o->geom = *g;
+    o->pages[KV_FMT_FP8] = fp8_pages;
+    o->pages[KV_FMT_TQ3] = tq3_pages;
+    o->cache_quota_pages[KV_FMT_FP8] = fp8_pages;
+    o->cache_quota_pages[KV_FMT_TQ3] = tq3_pages;
+    o->backend = "host";
+}
+
+int kvd_core_init(kvd_core_t **out, const kvd_core_opts_t *o, char *err, size_t errlen)
+{
+    if (!out || !o) {
+        kvd_fmt(err, errlen, "kvd_core_init: NULL argument");
+        return KV_ERR_INVALID_ARGUMENT;
+    }
+    *out = NULL;
+    kvd_backend_t *be = o->backend_obj;
+    int rc = KV_ERR_OK;
+    if (!kv_geom_valid(&o->geom)) {
+        kvd_fmt(err, errlen, "invalid geometry (layers %u, kv_heads %u, head_dim %u, "
+                             "page_tokens %u)", o->geom.layers, o->geom.kv_heads,
+                o->geom.head_dim, o->geom.page_tokens);
+        rc = KV_ERR_INVALID_ARGUMENT;
+    } else if (o->pages[KV_FMT_FP8] == 0 || o->pages[KV_FMT_FP8] >= KVD_NONE ||
+               o->pages[KV_FMT_TQ3] >= KVD_NONE) {
+        kvd_fmt(err, errlen, "the FP8 pool needs at least one page, and pools < 2^32-1 pages");
+        rc = KV_ERR_INVALID_ARGUMENT;
+    } else {
+        for (int f = 0; f < KV_FMT_COUNT; f++)
+            if (o->cache_quota_pages[f] > o->pages[f]) {
+                kvd_fmt(err, errlen, "cache quota of %s (%u pages) exceeds its pool (%u)",
+                        kvd_fmt_name(f), o->cache_quota_pages[f], o->pages[f]);
+                rc = KV_ERR_INVALID_ARGUMENT;
+            }
+    }
+    uint64_t nlog = o->logical_ids ? o->logical_ids
+                                   : (uint64_t)o->pages[KV_FMT_FP8] + o->pages[KV_FMT_TQ3];
+    if (rc == KV_ERR_OK && (nlog == 0 || nlog >= KVD_NONE)) {
+        kvd_fmt(err, errlen, "logical ids must be in 1 .. 2^32-2");
+        rc = KV_ERR_INVALID_ARGUMENT;
+    }
+    if (rc == KV_ERR_OK && sodium_init() < 0) {
+        kvd_fmt(err, errlen, "sodium_init() failed");
+        rc = KV_ERR_INTERNAL;
+    }
+    if (rc != KV_ERR_OK) {
+        kvd_backend_free(&be);
+        return rc;
+    }
+    if (!be) {
+        rc = kvd_backend_create(&be, o->backend, &o->geom, o->pages, (uint32_t)nlog, err,
+                                errlen);
+        if (rc != KV_ERR_OK)
+            return rc;
+    } else if (be->exp.dir_entries < nlog || memcmp(&be->exp.geom, &o->geom, sizeof(o->geom)) ||
+               be->exp.pages[KV_FMT_FP8] != o->pages[KV_FMT_FP8] ||
+               be->exp.pages[KV_FMT_TQ3] != o->pages[KV_FMT_TQ3]) {
+        kvd_fmt(err, errlen, "the given backend does not match the options (geometry, pages "
+                             "or directory size)");
+        kvd_backend_free(&be);
+        return KV_ERR_INVALID_ARGUMENT;
+    }
+    kvd_core_t *c = kvd_calloc(1, sizeof(*c));
+    if (!c) {
+        kvd_backend_free(&be);
+        kvd_fmt(err, errlen, "out of memory");
+        return KV_ERR_NOMEM;
+    }
+    c->geom = o->geom;
+    c->be = be;
+    c->dir = be->dir;
+    c->nlogical = (uint32_t)nlog;
+    c->epoch = 1;
+    c->next_sid = 1;
+    c->next_seq = 1;
+    c->now_ns = o->now_ns;
+    c->now_ud = o->now_ud;
+    memcpy(c->key, o->hash_key, sizeof(c->key));
+    kvd_map_init(&c->index);
+    kvd_map_init(&c->sessions);
+    kvd_map_init(&c->seqs);
+    rc = kvd__pages_init(c, o->pages, o->cache_quota_pages);
+    if (rc != KV_ERR_OK) {
+        kvd_fmt(err, errlen, "out of memory for the page tables");
+        kvd_core_free(&c);
+        return rc;
+    }
+    *out = c;
+    return KV_ERR_OK;
+}
+
+void kvd_core_free(kvd_core_t **cp)
+{
+    if (!cp || !*cp)
+        return;
+    kvd_core_t *c = *cp;
+    kvd__sessions_fini(c);
+    kvd_map_fini(&c->index);
+    kvd__pages_fini(c);
+    kvd_backend_free(&c->be);
+    sodium_memzero(c->key, sizeof(c->key));
+    kvd_free(c);
+    *cp = NULL;
+}
+
+const kvd_export_t *kvd_core_export(const kvd_core_t *c)
+{
+    return &c->be->exp;
+}
+
+uint64_t kvd_core_epoch(kvd_core_t *c)
+{
+    kvd__epoch_publish(c);
+    return c->epoch;
+}
+
+kvd_backend_t *kvd_core_backend(kvd_core_t *c)
+{
+    return c->be;
+}
+
+#define GET_SESSION(c, s, sid)                                                                     \
+    kvd_session_t *s = kvd__session_get(c, sid);                                                   \
+    if (!s)                                                                                        \
+        return kvd__fail(c, KV_ERR_NO_SESSION, "session %llu does not exist",                      \
+                         (unsigned long long)(sid));
+
+/* Reserve room for n new keys in both per-session maps. */
+static int session_reserve(kvd_core_t *c, kvd_session_t *s, uint32_t n)
+{
+    if (kvd_map_reserve(&s->loose, n) != 0 || kvd_map_reserve(&s->held, n) != 0)
+        return kvd__fail(c, KV_ERR_NOMEM, "out of memory for session references");
+    return KV_ERR_OK;
+}
+
+/* Give the session one more loose ref on lid (maps reserved by the caller). */
+static void take_loose(kvd_core_t *c, kvd_session_t *s, uint32_t lid)
+{
+    kvd_lpage_t *p = &c->lp[lid];
+    p->req_loose++;
+    p->last_use_ns = kvd__now(c);
+    kvd__count_add(&s->loose, lid, 1);
+    kvd__count_add(&s->held, lid, 1);
+    s->loose_total++;
+    kvd__refs_changed(c, lid);
+}
+
+/* ---- alloc / release --------------------------------------------------------------------- */
+int kvd_core_alloc(kvd_core_t *c, uint64_t sid, uint32_t n, uint32_t *logical_out)
+{
+    GET_SESSION(c, s, sid);
+    c->st.alloc_calls++;
+    if (n == 0 || !logical_out || n > c->pool[KV_FMT_FP8].n)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT,
+                         "alloc: asked %u pages (must be 1 .. %u, the FP8 pool size)", n,
+                         c->pool[KV_FMT_FP8].n);
+    int rc = session_reserve(c, s, n);
+    if (rc != KV_ERR_OK)
+        return rc;
+    if (c->nlfree < n)
+        kvd_core_collect(c);
+    if (c->nlfree < n) {
+        c->st.alloc_exhausted++;
+        return kvd__fail(c, KV_ERR_RESOURCE_EXHAUSTED,
+                         "alloc: asked %u pages but only %u logical ids are free of %u (raise "
+                         "logical_ids, or retry after clients report epochs)",
+                         n, c->nlfree, c->nlogical);
+    }
+    rc = kvd__ensure_free(c, KV_FMT_FP8, n, KVD_NONE);
+    if (rc != KV_ERR_OK) {
+        c->st.alloc_exhausted++;
+        return rc;
+    }
+    if (c->nlfree < n) /* eviction cannot consume ids, but say so if it ever does */
+        KVD_PANIC("logical ids vanished during eviction");
+    uint64_t now = kvd__now(c);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t lid = kvd__logical_alloc(c);
+        uint32_t phys = kvd__phys_alloc(c, KV_FMT_FP8, lid);
+        KVD_ASSERT(lid != KVD_NONE && phys != KVD_NONE);
+        kvd_lpage_t *p = &c->lp[lid];
+        p->state = KVD_PAGE_OPEN;
+        p->fmt = KV_FMT_FP8;
+        p->phys = phys;
+        p->owner_sid = sid;
+        p->stamp = 0;
+        p->last_use_ns = now;
+        c->pool[KV_FMT_FP8].pg[phys].state = KVD_PHYS_LIVE;
+        kvd__dir_publish(c, lid, KV_FMT_FP8, phys, KV_DIR_VALID);
+        take_loose(c, s, lid);
+        logical_out[i] = lid;
+    }
+    c->st.alloc_pages += n;
+    return KV_ERR_OK;
+}
+
+int kvd_core_release(kvd_core_t *c, uint64_t sid, const uint32_t *ids, uint32_t n)
+{
+    GET_SESSION(c, s, sid);
+    if (n == 0)
+        return KV_ERR_OK;
+    if (!ids)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "release: ids is NULL");
+    uint32_t i, bad = KVD_NONE;
+    for (i = 0; i < n; i++) { /* tentative decrement, undone below: duplicates count */
+        uint64_t *v = ids[i] < c->nlogical ? kvd_map_get(&s->loose, ids[i]) : NULL;
+        if (!v || *v == 0) {
+            bad = i;
+            break;
+        }
+        (*v)--;
+    }
+    for (uint32_t j = 0; j < i; j++)
+        (*kvd_map_get(&s->loose, ids[j]))++;
+    if (bad != KVD_NONE)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT,
+                         "release: logical page %u (index %u) is not held loose by session %llu "
+                         "(refs inside a sequence are released by closing the sequence)",
+                         ids[bad], bad, (unsigned long long)sid);
+    for (i = 0; i < n; i++) {
+        kvd_lpage_t *p = &c->lp[ids[i]];
+        if (p->req_loose == 0)
+            KVD_PANIC("loose refcount of logical page %u below zero", ids[i]);
+        p->req_loose--;
+        kvd__count_add(&s->loose, ids[i], -1);
+        kvd__count_add(&s->held, ids[i], -1);
+        s->loose_total--;
+        kvd__stamp_drop(c, ids[i]);
+        kvd__refs_changed(c, ids[i]);
+    }
+    c->st.release_refs += n;
+    kvd__epoch_publish(c);
+    return KV_ERR_OK;
+}
+
+/* ---- seal / lookup ----------------------------------------------------------------------- */
+/* Move every ref session s holds on `from` to `to` (same sequence positions), then drop from. */
+static void move_refs(kvd_core_t *c, kvd_session_t *s, uint32_t from, uint32_t to)
+{
+    kvd_lpage_t *pf = &c->lp[from], *pt = &c->lp[to];
+    uint64_t loose = kvd__count(&s->loose, from);
+    uint64_t held = kvd__count(&s->held, from);
+    uint64_t in_seq = held - loose, moved_seq = 0;
+    /* Acquire on `to` first so it never looks unreferenced in between. */
+    pt->req_loose += (uint32_t)loose;
+    pt->req_seq += (uint32_t)in_seq;
+    pt->last_use_ns = kvd__now(c);
+    kvd__count_add(&s->loose, to, (int64_t)loose);
+    kvd__count_add(&s->held, to, (int64_t)held);
+    kvd__refs_changed(c, to);
+    if (in_seq) {
+        uint64_t pos = 0, k, v;
+        while (kvd_map_next(&s->seqs, &pos, &k, &v)) {
+            kvd_seq_t *q = kvd__seq_get(c, k);
+            for (uint32_t i = 0; i < q->n; i++)
+                if (q->lids[i] == from) {
+                    q->lids[i] = to;
+                    moved_seq++;
+                }
+        }
+    }
+    KVD_ASSERT(moved_seq == in_seq);
+    KVD_ASSERT(pf->req_loose == loose && pf->req_seq == in_seq); /* OPEN: only the owner */
+    pf->req_loose = 0;
+    pf->req_seq = 0;
+    kvd__count_add(&s->loose, from, -(int64_t)loose);
+    kvd__count_add(&s->held, from, -(int64_t)held);
+    kvd__stamp_drop(c, from);
+    kvd__refs_changed(c, from);
+}
+
+int kvd_core_seal(kvd_core_t *c, uint64_t sid, uint32_t logical, uint32_t prev,
+                  const uint32_t *tokens, uint32_t ntok, const uint8_t *extra, size_t extra_len,
+                  uint8_t hash_out[KVD_HASH_BYTES], uint32_t *canonical_out)
+{
+    GET_SESSION(c, s, sid);
+    if (!tokens || ntok != c->geom.page_tokens)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT,
+                         "seal: %u tokens given, a page holds exactly %u", ntok,
+                         c->geom.page_tokens);
+    if (extra_len > KVD_EXTRA_MAX || (extra_len && !extra))
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "seal: extra of %zu bytes (max %d)",
+                         extra_len, KVD_EXTRA_MAX);
+    if (logical >= c->nlogical || (prev != KVD_NONE && prev >= c->nlogical) || prev == logical)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "seal: logical %u / prev %u out of range",
+                         logical, prev);
+    kvd_lpage_t *p = &c->lp[logical];
+    if (p->state != KVD_PAGE_OPEN || p->owner_sid != sid || !kvd__count(&s->held, logical))
+        return kvd__fail(c, KV_ERR_FAILED_PRECONDITION,
+                         "seal: logical page %u is %s%s; only an unsealed page allocated and "
+                         "held by this session can be sealed",
+                         logical, kvd_page_state_name((kvd_page_state_t)p->state),
+                         p->state == KVD_PAGE_OPEN ? " and owned by another session" : "");
+    if (prev != KVD_NONE &&
+        (c->lp[prev].state != KVD_PAGE_SEALED || !kvd__count(&s->held, prev)))
+        return kvd__fail(c, KV_ERR_FAILED_PRECONDITION,
+                         "seal: prev page %u must be sealed and held by this session (it is %s, "
+                         "held %llu times)",
+                         prev, kvd_page_state_name((kvd_page_state_t)c->lp[prev].state),
+                         (unsigned long long)kvd__count(&s->held, prev));
+    uint8_t h[KVD_HASH_BYTES];
+    kvd_core_chain_hash(c, prev == KVD_NONE ? NULL : c->lp[prev].hash, tokens, ntok, extra,
+                        extra_len, h);
+    int collision = 0;
+    uint32_t q = kvd__index_find(c, h, &collision);
+    if (q != KVD_NONE) {
+        /* Dedupe: the content is already cached as q. */
+        if (session_reserve(c, s, 1) != KV_ERR_OK)
+            return KV_ERR_NOMEM;
+        move_refs(c, s, logical, q);
+        c->st.seal_dedupes++;
+        kvd__epoch_publish(c);
+        memcpy(hash_out, h, KVD_HASH_BYTES);
+        *canonical_out = q;
+        return KV_ERR_OK;
+    }
+    if (!collision && kvd_map_reserve(&c->index, 1) != 0)
+        return kvd__fail(c, KV_ERR_NOMEM, "seal: out of memory for the prefix index");
+    p->state = KVD_PAGE_SEALED;
+    p->owner_sid = 0;
+    memcpy(p->hash, h, KVD_HASH_BYTES);
+    kvd__dir_publish(c, logical, (kv_fmt_t)p->fmt, p->phys, KV_DIR_VALID | KV_DIR_SEALED);
+    if (collision) {
+        c->st.seal_collisions++; /* sealed and immutable, but not findable */
+    } else {
+        kvd_map_put(&c->index, kvd__index_key(h), logical);
+        p->cached = 1;
+        c->pool[p->fmt].ncached++;
+        c->st.cache_entries++;
+        c->st.seals++;
+        kvd__cache_enforce_quota(c, (kv_fmt_t)p->fmt);
+    }
+    memcpy(hash_out, h, KVD_HASH_BYTES);
+    *canonical_out = logical;
+    return KV_ERR_OK;
+}
+
+int kvd_core_lookup(kvd_core_t *c, uint64_t sid, const uint32_t *tokens, uint32_t ntok,
+                    const uint8_t *extra, size_t extra_len, uint32_t *logical_out, uint32_t max,
+                    uint32_t *npages_out, uint32_t *ntokens_hit)
+{
+    GET_SESSION(c, s, sid);
+    if (extra_len > KVD_EXTRA_MAX || (extra_len && !extra) || (ntok && !tokens) ||
+        (max && !logical_out) || !npages_out)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "lookup: bad arguments (extra %zu bytes, "
+                                                     "max %d)", extra_len, KVD_EXTRA_MAX);
+    uint32_t pt = c->geom.page_tokens, full = ntok / pt, hits = 0;
+    uint8_t h[KVD_HASH_BYTES];
+    const uint8_t *prev = NULL;
+    for (uint32_t i = 0; i < full && hits < max; i++) {
+        int collision;
+        kvd_core_chain_hash(c, prev, tokens + (uint64_t)i * pt, pt, extra, extra_len, h);
+        uint32_t lid = kvd__index_find(c, h, &collision);
+        if (lid == KVD_NONE)
+            break;
+        logical_out[hits++] = lid;
+        prev = c->lp[lid].hash;
+    }
+    if (hits && session_reserve(c, s, hits) != KV_ERR_OK)
+        return KV_ERR_NOMEM;
+    for (uint32_t i = 0; i < hits; i++)
+        take_loose(c, s, logical_out[i]);
+    c->st.lookups++;
+    c->st.lookup_pages_asked += full;
+    c->st.lookup_pages_hit += hits;
+    c->st.lookup_tokens_asked += ntok;
+    c->st.lookup_tokens_hit += (uint64_t)hits * pt;
+    *npages_out = hits;
+    if (ntokens_hit)
+        *ntokens_hit = hits * pt;
+    return KV_ERR_OK;
+}
+
+/* ---- cache admin ------------------------------------------------------------------------- */
+static void fill_info(const kvd_core_t *c, uint32_t lid, kvd_page_info_t *o)
+{
+    const kvd_lpage_t *p = &c->lp[lid];
+    memset(o, 0, sizeof(*o));
+    o->logical = lid;
+    o->state = (kvd_page_state_t)p->state;
+    o->fmt = (kv_fmt_t)p->fmt;
+    o->phys = p->phys;
+    o->req_loose = p->req_loose;
+    o->req_seq = p->req_seq;
+    o->cache = p->cached;
+    o->pins = p->pins;
+    o->conv = p->conv;
+    o->on_lru = p->on_lru;
+    o->owner_sid = p->owner_sid;
+    o->stamp = p->stamp;
+    o->last_use_ns = p->last_use_ns;
+    if (p->state == KVD_PAGE_SEALED || (p->state == KVD_PAGE_RETIRED && p->cached))
+        memcpy(o->hash, p->hash, KVD_HASH_BYTES);
+    if (p->state == KVD_PAGE_RETIRED)
+        o->stamp = c->pool[p->fmt].pg[p->phys].stamp;
+}
+
+int kvd_core_page_info(const kvd_core_t *c, uint32_t logical, kvd_page_info_t *out)
+{
+    if (logical >= c->nlogical || !out)
+        return KV_ERR_INVALID_ARGUMENT;
+    fill_info(c, logical, out);
+    return KV_ERR_OK;
+}
+
+void kvd_core_cache_foreach(const kvd_core_t *c, void (*fn)(const kvd_page_info_t *p, void *ud),
+                            void *ud)
+{
+    kvd_page_info_t info;
+    for (int f = 0; f < KV_FMT_COUNT; f++) {
+        for (uint32_t l = c->pool[f].lru_head; l != KVD_NONE; l = c->lp[l].lru_next) {
+            fill_info(c, l, &info);
+            fn(&info, ud);
+        }
+        for (uint32_t l = 0; l < c->nlogical; l++)
+            if (c->lp[l].cached && !c->lp[l].on_lru && c->lp[l].fmt == f) {
+                fill_info(c, l, &info);
+                fn(&info, ud);
+            }
+    }
+}
+
+int kvd_core_cache_find(const kvd_core_t *c, const uint8_t hash[KVD_HASH_BYTES],
+                        uint32_t *logical_out)
+{
+    int collision;
+    uint32_t l = kvd__index_find(c, hash, &collision);
+    if (l == KVD_NONE)
+        return KV_ERR_NOT_FOUND;
+    *logical_out = l;
+    return KV_ERR_OK;
+}
+
+static int check_cached(kvd_core_t *c, uint32_t logical, const char *what)
+{
+    if (logical >= c->nlogical)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "%s: logical page %u out of range (< %u)",
+                         what, logical, c->nlogical);
+    if (!c->lp[logical].cached)
+        return kvd__fail(c, KV_ERR_NOT_FOUND, "%s: logical page %u is not in the prefix cache",
+                         what, logical);
+    return KV_ERR_OK;
+}
+
+int kvd_core_cache_evict(kvd_core_t *c, uint32_t logical)
+{
+    int rc = check_cached(c, logical, "evict");
+    if (rc != KV_ERR_OK)
+        return rc;
+    if (c->lp[logical].pins)
+        return kvd__fail(c, KV_ERR_FAILED_PRECONDITION,
+                         "evict: logical page %u is pinned (%u pins); unpin it first", logical,
+                         c->lp[logical].pins);
+    kvd__cache_evict(c, logical);
+    c->st.evictions_admin++;
+    return KV_ERR_OK;
+}
+
+int kvd_core_pin(kvd_core_t *c, uint32_t logical)
+{
+    int rc = check_cached(c, logical, "pin");
+    if (rc != KV_ERR_OK)
+        return rc;
+    c->lp[logical].pins++;
+    c->st.pins++;
+    kvd__refs_changed(c, logical);
+    return KV_ERR_OK;
+}
+
+int kvd_core_unpin(kvd_core_t *c, uint32_t logical)
+{
+    int rc = check_cached(c, logical, "unpin");
+    if (rc != KV_ERR_OK)
+        return rc;
+    if (c->lp[logical].pins == 0)
+        return kvd__fail(c, KV_ERR_FAILED_PRECONDITION, "unpin: logical page %u is not pinned",
+                         logical);
+    c->lp[logical].pins--;
+    c->st.pins--;
+    kvd__refs_changed(c, logical);
+    return KV_ERR_OK;
+}
+
+/* ---- conversions ------------------------------------------------------------------------- */
+int kvd_core_convert(kvd_core_t *c, uint32_t logical, kv_fmt_t dst)
+{
+    if (logical >= c->nlogical || (unsigned)dst >= KV_FMT_COUNT)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "convert: logical %u / format %d invalid",
+                         logical, (int)dst);
+    kvd_lpage_t *p = &c->lp[logical];
+    if (p->state != KVD_PAGE_OPEN && p->state != KVD_PAGE_SEALED)
+        return kvd__fail(c, KV_ERR_FAILED_PRECONDITION, "convert: logical page %u is %s",
+                         logical, kvd_page_state_name((kvd_page_state_t)p->state));
+    kv_fmt_t src = (kv_fmt_t)p->fmt;
+    if (src == dst)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "convert: logical page %u is already %s",
+                         logical, kvd_fmt_name(dst));
+    if (c->pool[dst].n == 0)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "convert: no %s pool configured",
+                         kvd_fmt_name(dst));
+    int rc = kvd__ensure_free(c, dst, 1, logical);
+    if (rc != KV_ERR_OK)
+        return rc;
+    /* 1. retain the source (conversion ref: off the LRU, cannot be retired under us) */
+    p->conv++;
+    kvd__refs_changed(c, logical);
+    /* 2. allocate and populate the target; 3. wait for the conversion to complete */
+    uint32_t src_phys = p->phys;
+    uint32_t dst_phys = kvd__phys_alloc(c, dst, logical);
+    KVD_ASSERT(dst_phys != KVD_NONE);
+    char err[256] = "";
+    rc = c->be->ops->convert(c->be, src, src_phys, dst, dst_phys, err, sizeof(err));
+    if (rc == KV_ERR_OK)
+        rc = c->be->ops->sync(c->be, err, sizeof(err));
+    if (rc != KV_ERR_OK) {
+        kvd__phys_unfill(c, dst, dst_phys); /* never published: no epoch needed */
+        p->conv--;
+        kvd__refs_changed(c, logical);
+        c->st.conversion_failures++;
+        return kvd__fail(c, rc, "convert of logical page %u to %s failed, source kept: %s",
+                         logical, kvd_fmt_name(dst), err);
+    }
+    /* 4. publish format and physical id with one atomic store */
+    if (p->cached) {
+        c->pool[src].ncached--;
+        c->pool[dst].ncached++;
+    }
+    KVD_ASSERT(!p->on_lru);
+    p->fmt = (uint8_t)dst;
+    p->phys = dst_phys;
+    c->pool[dst].pg[dst_phys].state = KVD_PHYS_LIVE;
+    uint32_t flags = KV_DIR_VALID | (p->state == KVD_PAGE_SEALED ? KV_DIR_SEALED : 0);
+    kvd__dir_publish(c, logical, dst, dst_phys, flags);
+    /* 5. retire the source: any kernel that resolved the old entry is tagged < epoch + 1 */
+    c->bump_pending = 1;
+    kvd__phys_retire(c, src, src_phys, KVD_NONE, c->epoch + 1);
+    p->conv--;
+    kvd__refs_changed(c, logical);
+    if (dst == KV_FMT_TQ3)
+        c->st.retiers++;
+    else
+        c->st.promotes++;
+    kvd__cache_enforce_quota(c, dst);
+    kvd__epoch_publish(c);
+    return KV_ERR_OK;
+}
+
+/* ---- checker ----------------------------------------------------------------------------- */
+typedef struct check_s {
+    char *buf;
+    size_t len, used;
+    int n;
+} check_t;
+
+static void KVD_PRINTF(2, 3) bad(check_t *k, const char *fmt, ...)
+{
+    k->n++;
+    if (!k->buf || k->used + 1 >= k->len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(k->buf + k->used, k->len - k->used, fmt, ap);
+    va_end(ap);
+    if (w > 0)
+        k->used += (size_t)w < k->len - k->used ? (size_t)w : k->len - k->used - 1;
+    if (k->used + 1 < k->len)
+        k->buf[k->used++] = '\n', k->buf[k->used] = '\0';
+}
+
+int kvd_core_check(const kvd_core_t *c, char *report, size_t len)
+{
+    check_t k = {.buf = report, .len = len};
+    if (report && len)
+        report[0] = '\0';
+    uint32_t nl = c->nlogical;
+    /* Recomputed refcounts: [0] loose, [1] seq, from the sessions and sequences. */
+    uint32_t *loose = kvd_calloc(nl, sizeof(uint32_t)), *seq = kvd_calloc(nl, sizeof(uint32_t));
+    uint8_t *mark = kvd_calloc(nl, 1);
+    if (!loose || !seq || !mark) {
+        kvd_free(loose);
+        kvd_free(seq);
+        kvd_free(mark);
+        bad(&k, "check: out of memory");
+        return k.n;
+    }
+    uint64_t pos = 0, key, val;
+    while (kvd_map_next(&c->sessions, &pos, &key, &val)) {
+        const kvd_session_t *s = (const kvd_session_t *)(uintptr_t)val;
+        uint64_t p2 = 0, l, n, lt = 0, st = 0;
+        while (kvd_map_next(&s->loose, &p2, &l, &n)) {
+            if (l >= nl) {
+                bad(&k, "session %llu holds out-of-range id %llu", (unsigned long long)s->sid,
+                    (unsigned long long)l);
+                continue;
+            }
+            loose[l] += (uint32_t)n;
+            lt += n;
+        }
+        uint64_t held_sum = 0;
+        p2 = 0;
+        while (kvd_map_next(&s->held, &p2, &l, &n))
+            held_sum += n;
+        p2 = 0;
+        while (kvd_map_next(&s->seqs, &p2, &l, &n)) {
+            const kvd_seq_t *q = kvd__seq_get(c, l);
+            if (!q || q->sid != s->sid) {
+                bad(&k, "session %llu lists sequence %llu it does not own",
+                    (unsigned long long)s->sid, (unsigned long long)l);
+                continue;
+            }
+            for (uint32_t i = 0; i < q->n; i++)
+                if (q->lids[i] < nl)
+                    seq[q->lids[i]]++;
+            st += q->n;
+        }
+        if (lt != s->loose_total || st != s->seq_total || held_sum != lt + st)
+            bad(&k, "session %llu totals: loose %llu/%llu seq %llu/%llu held %llu",
+                (unsigned long long)s->sid, (unsigned long long)lt,
+                (unsigned long long)s->loose_total, (unsigned long long)st,
+                (unsigned long long)s->seq_total, (unsigned long long)held_sum);
+    }
+    pos = 0;
+    while (kvd_map_next(&c->seqs, &pos, &key, &val)) {
+        const kvd_seq_t *q = (const kvd_seq_t *)(uintptr_t)val;
+        if (!kvd__session_get(c, q->sid))
+            bad(&k, "sequence %llu belongs to dead session %llu", (unsigned long long)q->id,
+                (unsigned long long)q->sid);
+    }
+    /* Logical free list. */
+    uint32_t nfree = 0;
+    for (uint32_t l = c->lfree_head; l != KVD_NONE && nfree <= nl; l = c->lp[l].next_free) {
+        if (c->lp[l].state != KVD_PAGE_FREE || mark[l])
+            bad(&k, "logical %u on the free list twice or not free", l);
+        mark[l] = 1;
+        nfree++;
+    }
+    if (nfree != c->nlfree)
+        bad(&k, "logical free list has %u entries, counter says %u", nfree, c->nlfree);
+    /* Physical lists, per format. */
+    uint32_t cached_total = 0, pins_total = 0;
+    for (int f = 0; f < KV_FMT_COUNT; f++) {
+        const kvd_pool_t *pl = &c->pool[f];
+        uint8_t *pm = kvd_calloc(pl->n ? pl->n : 1, 1);
+        if (!pm) {
+            bad(&k, "check: out of memory");
+            break;
+        }
+        uint32_t cnt = 0;
+        for (uint32_t p = pl->free_head; p != KVD_NONE && cnt <= pl->n; p = pl->pg[p].next) {
+            if (pl->pg[p].state != KVD_PHYS_FREE || pm[p])
+                bad(&k, "%s phys %u on the free list twice or not free", kvd_fmt_name(f), p);
+            pm[p] = 1;
+            cnt++;
+        }
+        if (cnt != pl->nfree)
+            bad(&k, "%s free list has %u entries, counter says %u", kvd_fmt_name(f), cnt,
+                pl->nfree);
+        cnt = 0;
+        for (uint32_t p = pl->retire_head; p != KVD_NONE && cnt <= pl->n; p = pl->pg[p].next) {
+            if (pl->pg[p].state != KVD_PHYS_RETIRED || pm[p])
+                bad(&k, "%s phys %u on the retire list twice or not retired", kvd_fmt_name(f),
+                    p);
+            pm[p] = 2;
+            cnt++;
+            uint32_t l = pl->pg[p].lid;
+            if (l != KVD_NONE && (l >= nl || c->lp[l].state != KVD_PAGE_RETIRED ||
+                                  c->lp[l].phys != p || c->lp[l].fmt != f))
+                bad(&k, "%s retired phys %u names logical %u which does not map it",
+                    kvd_fmt_name(f), p, l);
+        }
+        if (cnt != pl->nretired)
+            bad(&k, "%s retire list has %u entries, counter says %u", kvd_fmt_name(f), cnt,
+                pl->nretired);
+        for (uint32_t p = 0; p < pl->n; p++) {
+            const kvd_ppage_t *pp = &pl->pg[p];
+            if (pp->state == KVD_PHYS_FILLING)
+                bad(&k, "%s phys %u left FILLING outside a conversion", kvd_fmt_name(f), p);
+            else if (pp->state == KVD_PHYS_LIVE) {
+                const kvd_lpage_t *lp = pp->lid < nl ? &c->lp[pp->lid] : NULL;
+                if (!lp || lp->phys != p || lp->fmt != f ||
+                    (lp->state != KVD_PAGE_OPEN && lp->state != KVD_PAGE_SEALED))
+                    bad(&k, "%s live phys %u names logical %u which does not map it",
+                        kvd_fmt_name(f), p, pp->lid);
+            } else if (pm[p] == 0)
+                bad(&k, "%s phys %u (state %d) is on no list", kvd_fmt_name(f), p, pp->state);
+        }
+        uint32_t lru = 0, cached = 0;
+        uint32_t prev = KVD_NONE;
+        for (uint32_t l = pl->lru_head; l != KVD_NONE && lru <= nl; l = c->lp[l].lru_next) {
+            if (c->lp[l].lru_prev != prev || !c->lp[l].on_lru || c->lp[l].fmt != f)
+                bad(&k, "%s LRU broken at logical %u", kvd_fmt_name(f), l);
+            prev = l;
+            lru++;
+        }
+        if (lru != pl->nlru || prev != pl->lru_tail)
+            bad(&k, "%s LRU has %u entries, counter says %u", kvd_fmt_name(f), lru, pl->nlru);
+        for (uint32_t l = 0; l < nl; l++)
+            if (c->lp[l].cached && c->lp[l].fmt == f && c->lp[l].state == KVD_PAGE_SEALED)
+                cached++;
+        if (cached != pl->ncached)
+            bad(&k, "%s cache has %u entries, counter says %u", kvd_fmt_name(f), cached,
+                pl->ncached);
+        cached_total += cached;
+        kvd_free(pm);
+    }
+    /* Every logical page. */
+    for (uint32_t l = 0; l < nl; l++) {
+        const kvd_lpage_t *p = &c->lp[l];
+        kv_dir_entry_t e = __atomic_load_n(&c->dir[l], __ATOMIC_ACQUIRE);
+        pins_total += p->pins;
+        if (p->req_loose != loose[l] || p->req_seq != seq[l])
+            bad(&k, "logical %u refcounts loose %u seq %u, sessions hold loose %u seq %u", l,
+                p->req_loose, p->req_seq, loose[l], seq[l]);
+        switch (p->state) {
+        case KVD_PAGE_FREE:
+            if (!mark[l])
+                bad(&k, "logical %u is free but not on the free list", l);
+            if (kvd__lp_total(p) || (kv_dir_flags(e) & KV_DIR_VALID))
+                bad(&k, "free logical %u has references or a valid directory entry", l);
+            break;
+        case KVD_PAGE_OPEN:
+        case KVD_PAGE_SEALED: {
+            const kvd_pool_t *pl = &c->pool[p->fmt];
+            if (p->fmt >= KV_FMT_COUNT || p->phys >= pl->n || pl->pg[p->phys].lid != l ||
+                pl->pg[p->phys].state != KVD_PHYS_LIVE)
+                bad(&k, "logical %u maps %s phys %u which is not its live page", l,
+                    kvd_fmt_name(p->fmt), p->phys);
+            uint32_t flags = KV_DIR_VALID | (p->state == KVD_PAGE_SEALED ? KV_DIR_SEALED : 0);
+            if (kv_dir_phys(e) != p->phys || kv_dir_fmt(e) != p->fmt || kv_dir_flags(e) != flags)
+                bad(&k, "directory entry of logical %u disagrees (phys %u fmt %u flags %u)", l,
+                    kv_dir_phys(e), (unsigned)kv_dir_fmt(e), kv_dir_flags(e));
+            if (kvd__lp_total(p) == 0)
+                bad(&k, "live logical %u has no reference", l);
+            if (p->conv)
+                bad(&k, "logical %u holds a conversion ref outside a conversion", l);
+            int eligible = p->cached && !p->req_loose && !p->req_seq && !p->pins && !p->conv;
+            if (eligible != p->on_lru)
+                bad(&k, "logical %u: on LRU %d but eligible %d", l, p->on_lru, eligible);
+            if (p->state == KVD_PAGE_OPEN && (p->cached || p->pins))
+                bad(&k, "unsealed logical %u is cached or pinned", l);
+            if (p->pins && !p->cached)
+                bad(&k, "logical %u pinned but not cached", l);
+            if (p->cached) {
+                uint64_t *v = kvd_map_get(&c->index, kvd__index_key(p->hash));
+                if (!v || *v != l)
+                    bad(&k, "cached logical %u is not bound in the index", l);
+            }
+            break;
+        }
+        case KVD_PAGE_RETIRED: {
+            const kvd_pool_t *pl = &c->pool[p->fmt];
+            if (p->phys >= pl->n || pl->pg[p->phys].state != KVD_PHYS_RETIRED ||
+                pl->pg[p->phys].lid != l)
+                bad(&k, "retired logical %u is not carried by a retired phys", l);
+            if (kvd__lp_total(p) || p->on_lru)
+                bad(&k, "retired logical %u still has references", l);
+            break;
+        }
+        default:
+            bad(&k, "logical %u in unknown state %u", l, p->state);
+        }
+    }
+    pos = 0;
+    uint64_t bound = 0;
+    while (kvd_map_next(&c->index, &pos, &key, &val)) {
+        bound++;
+        if (val >= nl || !c->lp[val].cached || kvd__index_key(c->lp[val].hash) != key)
+            bad(&k, "index key %016llx points at logical %llu which is not cached under it",
+                (unsigned long long)key, (unsigned long long)val);
+    }
+    if (bound != cached_total || bound != c->st.cache_entries)
+        bad(&k, "index has %llu entries, pages say %u, counter %llu", (unsigned long long)bound,
+            cached_total, (unsigned long long)c->st.cache_entries);
+    if (pins_total != c->st.pins)
+        bad(&k, "pins: pages hold %u, counter %llu", pins_total, (unsigned long long)c->st.pins);
+    kvd_free(loose);
+    kvd_free(seq);
+    kvd_free(mark);
+    return k.n;
+}
+
+/* ---- stats ------------------------------------------------------------------------------- */
+void kvd_core_stats(const kvd_core_t *c, kvd_stats_t *o)
+{
+    *o = c->st;
+    o->epoch = c->epoch + (c->bump_pending ? 1 : 0);
+    uint64_t m = kvd__min_safe_epoch(c);
+    o->min_safe_epoch = m == UINT64_MAX ? 0 : m;
+    o->sessions = c->sessions.len;
+    o->sequences = c->seqs.len;
+    o->logical_free = c->nlfree;
+    o->logical_total = c->nlogical;
+    o->request_refs = 0;
+    for (int f = 0; f < KV_FMT_COUNT; f++) {
+        const kvd_pool_t *pl = &c->pool[f];
+        uint64_t pb = c->be->exp.page_bytes[f];
+        o->pages_total[f] = pl->n;
+        o->pages_free[f] = pl->nfree;
+        o->pages_cached[f] = pl->ncached;
+        o->pages_lru[f] = pl->nlru;
+        o->pages_retired[f] = pl->nretired;
+        o->page_bytes[f] = pb;
+        o->bytes_total[f] = (uint64_t)pl->n * pb;
+        o->bytes_used[f] = (uint64_t)(pl->n - pl->nfree) * pb;
+        o->cache_quota_pages[f] = pl->quota;
+        o->pages_open[f] = o->pages_sealed[f] = o->pages_pinned[f] = o->pages_referenced[f] = 0;
+    }
+    /* O(logical ids): fine for a scrape every few seconds, not for a per-request path. */
+    for (uint32_t l = 0; l < c->nlogical; l++) {
+        const kvd_lpage_t *p = &c->lp[l];
+        if (p->state != KVD_PAGE_OPEN && p->state != KVD_PAGE_SEALED)
+            continue;
+        o->pages_open[p->fmt] += p->state == KVD_PAGE_OPEN;
+        o->pages_sealed[p->fmt] += p->state == KVD_PAGE_SEALED;
+        o->pages_pinned[p->fmt] += p->pins > 0;
+        o->pages_referenced[p->fmt] += kvd__lp_client_refs(p) > 0;
+        o->request_refs += kvd__lp_client_refs(p);
+    }
+}

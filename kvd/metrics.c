@@ -1,0 +1,257 @@
+/* metrics.c — see metrics.h. Names: kvd_<stat> for the core's table (per-format ones with
+ * label format="fp8"|"tq3"), kvd_rpc_* for the server's own figures. */
+#include "metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const uint64_t kvd_lat_us[KVD_LAT_NB] = KVD_LAT_BUCKETS_US;
+
+void kvd_metrics_observe(kvd_metrics_t *m, kvp_op_t op, uint64_t ns, kv_err_t status)
+{
+    unsigned i = (unsigned)op <= KVP_OP_COUNT ? (unsigned)op : KVP_OP_COUNT;
+    m->requests[i]++;
+    m->lat_sum_ns[i] += ns;
+    for (int b = 0; b < KVD_LAT_NB; b++)
+        if (ns <= kvd_lat_us[b] * 1000u) {
+            m->lat_bucket[i][b]++;
+            break;
+        }
+    if (kv_err_valid((int)status))
+        m->errors[status]++;
+}
+
+typedef struct kvd_buf_s {
+    char *p;
+    size_t len, cap;
+    int oom;
+} kvd_buf_t;
+
+static void kvd_bprintf(kvd_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void kvd_bprintf(kvd_buf_t *b, const char *fmt, ...)
+{
+    if (b->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t nc = b->cap * 2 + (size_t)n;
+        char *np = realloc(b->p, nc);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+}
+
+int kvd_metrics_render(const kvd_metrics_t *m, const kvd_stats_t *st,
+                       const kvd_metrics_extra_t *x, char **out)
+{
+    kvd_buf_t b = {.cap = 16384};
+    b.p = malloc(b.cap);
+    if (!b.p)
+        return -1;
+    b.p[0] = '\0';
+#define KVD_M_SCALAR_(name, kind, help)                                                            \
+    kvd_bprintf(&b, "# HELP kvd_%s %s\n# TYPE kvd_%s %s\nkvd_%s %llu\n", #name, help, #name,       \
+                strcmp(#kind, "COUNTER") ? "gauge" : "counter", #name,                             \
+                (unsigned long long)st->name);
+    KVD_STATS_MAP(KVD_M_SCALAR_)
+#undef KVD_M_SCALAR_
+#define KVD_M_FMT_(name, kind, help)                                                               \
+    kvd_bprintf(&b, "# HELP kvd_%s %s\n# TYPE kvd_%s %s\n", #name, help, #name,                    \
+                strcmp(#kind, "COUNTER") ? "gauge" : "counter");                                   \
+    for (int f = 0; f < KV_FMT_COUNT; f++)                                                         \
+        kvd_bprintf(&b, "kvd_%s{format=\"%s\"} %llu\n", #name, kvd_fmt_name(f),                    \
+                    (unsigned long long)st->name[f]);
+    KVD_STATS_FMT_MAP(KVD_M_FMT_)
+#undef KVD_M_FMT_
+    kvd_bprintf(&b,
+                "# HELP kvd_bytes_per_live_token pool bytes of referenced pages per token they "
+                "hold\n# TYPE kvd_bytes_per_live_token gauge\nkvd_bytes_per_live_token %.3f\n",
+                x->bytes_per_live_token);
+    struct {
+        const char *name, *help;
+        uint64_t v;
+    } g[] = {
+        {"sessions_connected", "sessions whose process is alive", x->sessions_connected},
+        {"sessions_lease_expired", "live sessions silent for longer than lease_ms",
+         x->sessions_lease_expired},
+        {"zap_admitted", "connections admitted by the ZAP handler", x->zap_admitted},
+        {"zap_refused", "connections refused by the ZAP handler", x->zap_refused},
+        {"fd_handovers", "pool fd sets handed over SCM_RIGHTS", x->fd_handovers},
+        {"fd_refused", "fd socket connections refused", x->fd_refused},
+        {"uptime_seconds", "seconds since start", x->uptime_s},
+        {"draining", "1 while draining", x->draining},
+    };
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
+        kvd_bprintf(&b, "# HELP kvd_%s %s\n# TYPE kvd_%s gauge\nkvd_%s %llu\n", g[i].name,
+                    g[i].help, g[i].name, g[i].name, (unsigned long long)g[i].v);
+    kvd_bprintf(&b, "# HELP kvd_rpc_errors_total replies by status code\n"
+                    "# TYPE kvd_rpc_errors_total counter\n");
+    for (int e = 0; e < KV_ERR_COUNT_; e++)
+        kvd_bprintf(&b, "kvd_rpc_errors_total{code=\"%s\"} %llu\n", kv_err_name(e),
+                    (unsigned long long)m->errors[e]);
+    kvd_bprintf(&b, "# HELP kvd_rpc_latency_seconds request decode to reply sent\n"
+                    "# TYPE kvd_rpc_latency_seconds histogram\n");
+    for (int op = 0; op <= KVP_OP_COUNT; op++) {
+        const char *on = kvp_op_name((kvp_op_t)op);
+        uint64_t cum = 0;
+        for (int bk = 0; bk < KVD_LAT_NB; bk++) {
+            cum += m->lat_bucket[op][bk];
+            kvd_bprintf(&b, "kvd_rpc_latency_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n", on,
+                        (double)kvd_lat_us[bk] * 1e-6, (unsigned long long)cum);
+        }
+        kvd_bprintf(&b, "kvd_rpc_latency_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n", on,
+                    (unsigned long long)m->requests[op]);
+        kvd_bprintf(&b, "kvd_rpc_latency_seconds_sum{op=\"%s\"} %.9f\n", on,
+                    (double)m->lat_sum_ns[op] * 1e-9);
+        kvd_bprintf(&b, "kvd_rpc_latency_seconds_count{op=\"%s\"} %llu\n", on,
+                    (unsigned long long)m->requests[op]);
+    }
+    if (b.oom) {
+        free(b.p);
+        return -1;
+    }
+    *out = b.p;
+    return 0;
+}
+
+/* ---- HTTP -------------------------------------------------------------------------------- */
+typedef struct kvd_http_conn_s {
+    uv_tcp_t tcp;
+    kvd_http_t *srv;
+    char req[2048];
+    size_t len;
+    uv_write_t wr;
+    char *resp;
+    int responded;
+} kvd_http_conn_t;
+
+static void kvd_http_conn_closed(uv_handle_t *h)
+{
+    kvd_http_conn_t *c = h->data;
+    free(c->resp);
+    free(c);
+}
+
+static void kvd_http_written(uv_write_t *w, int status)
+{
+    kvd_http_conn_t *c = w->data;
+    uv_close((uv_handle_t *)&c->tcp, kvd_http_conn_closed);
+}
+
+static void kvd_http_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    kvd_http_conn_t *c = h->data;
+    size_t room = sizeof c->req - 1 - c->len;
+    *buf = uv_buf_init(c->req + c->len, (unsigned)room);
+}
+
+static void kvd_http_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    kvd_http_conn_t *c = s->data;
+    if (c->responded)
+        return;
+    if (n < 0) {
+        uv_close((uv_handle_t *)&c->tcp, kvd_http_conn_closed);
+        return;
+    }
+    c->len += (size_t)n;
+    c->req[c->len] = '\0';
+    int full = c->len >= sizeof c->req - 1;
+    if (!strstr(c->req, "\r\n\r\n") && !strstr(c->req, "\n\n") && !full)
+        return;
+    c->responded = 1;
+    uv_read_stop(s);
+    char *body = NULL;
+    const char *status = "200 OK";
+    if (strncmp(c->req, "GET ", 4) != 0) {
+        status = "405 Method Not Allowed";
+    } else if (c->srv->render(c->srv->ud, &body) != 0) {
+        status = "500 Internal Server Error";
+        body = NULL;
+    }
+    size_t bl = body ? strlen(body) : 0;
+    size_t cap = bl + 256;
+    c->resp = malloc(cap);
+    if (!c->resp) {
+        free(body);
+        uv_close((uv_handle_t *)&c->tcp, kvd_http_conn_closed);
+        return;
+    }
+    int hl = snprintf(c->resp, cap,
+                      "HTTP/1.1 %s\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                      "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                      status, bl);
+    if (body)
+        memcpy(c->resp + hl, body, bl);
+    free(body);
+    uv_buf_t ub = uv_buf_init(c->resp, (unsigned)((size_t)hl + bl));
+    c->wr.data = c;
+    if (uv_write(&c->wr, s, &ub, 1, kvd_http_written) != 0)
+        uv_close((uv_handle_t *)&c->tcp, kvd_http_conn_closed);
+}
+
+static void kvd_http_accept(uv_stream_t *srv, int status)
+{
+    kvd_http_t *h = srv->data;
+    if (status < 0)
+        return;
+    kvd_http_conn_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->srv = h;
+    uv_tcp_init(srv->loop, &c->tcp);
+    c->tcp.data = c;
+    if (uv_accept(srv, (uv_stream_t *)&c->tcp) != 0 ||
+        uv_read_start((uv_stream_t *)&c->tcp, kvd_http_alloc, kvd_http_read) != 0)
+        uv_close((uv_handle_t *)&c->tcp, kvd_http_conn_closed);
+}
+
+int kvd_http_start(kvd_http_t *h, uv_loop_t *loop, const char *addr, int port,
+                   int (*render)(void *ud, char **out), void *ud, char *err, size_t errlen)
+{
+    memset(h, 0, sizeof *h);
+    h->render = render;
+    h->ud = ud;
+    struct sockaddr_storage sa;
+    if (uv_ip4_addr(addr, port, (struct sockaddr_in *)&sa) != 0 &&
+        uv_ip6_addr(addr, port, (struct sockaddr_in6 *)&sa) != 0) {
+        snprintf(err, errlen, "metrics_addr '%s' is not an IP address", addr);
+        return -1;
+    }
+    uv_tcp_init(loop, &h->tcp);
+    h->tcp.data = h;
+    h->active = 1;
+    int r = uv_tcp_bind(&h->tcp, (struct sockaddr *)&sa, 0);
+    if (r == 0)
+        r = uv_listen((uv_stream_t *)&h->tcp, 16, kvd_http_accept);
+    if (r != 0) {
+        snprintf(err, errlen, "metrics listen on %s:%d failed: %s", addr, port, uv_strerror(r));
+        kvd_http_stop(h);
+        return -1;
+    }
+    return 0;
+}
+
+void kvd_http_stop(kvd_http_t *h)
+{
+    if (h->active && !uv_is_closing((uv_handle_t *)&h->tcp))
+        uv_close((uv_handle_t *)&h->tcp, NULL);
+    h->active = 0;
+}

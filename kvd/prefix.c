@@ -1,0 +1,195 @@
+/* prefix.c — chain hash, prefix index, per-format LRU, eviction and the cache quota.
+ *
+ * Hash: h_i = BLAKE2b-256 keyed with the namespace salt over h_{i-1} || tokens_i (u32 LE) ||
+ * extra (libsodium crypto_generichash). The key makes hashes unforgeable by clients and
+ * different across namespaces (tenants never share entries).
+ *
+ * LRU (SQLite pcache habit, STYLE.md §11): a cached page is on its format's LRU iff nothing
+ * but the cache references it. Pins, request refs and conversions all keep a page off the list,
+ * so the evictor never has to skip anything: whatever is on the list may go. Order: a page
+ * joins at the tail when its last non-cache reference is dropped; the head is evicted first.
+ *
+ * Eviction order under allocation pressure (kvd__ensure_free): after collecting, walk the LRU
+ * from the head and evict entries whose drop stamp is already ≤ the min safe epoch (their page
+ * is freeable at once); younger entries are skipped because evicting them would not free a page
+ * for this call. If the walk cannot reach the asked count, nothing is evicted and the caller
+ * gets RESOURCE_EXHAUSTED.
+ */
+#include <sodium.h>
+#include <string.h>
+
+#include "core_int.h"
+
+void kvd_core_chain_hash(const kvd_core_t *c, const uint8_t *prev_hash, const uint32_t *tokens,
+                         uint32_t ntok, const uint8_t *extra, size_t extra_len,
+                         uint8_t hash_out[KVD_HASH_BYTES])
+{
+    static const uint8_t zero[KVD_HASH_BYTES];
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, c->key, sizeof(c->key), KVD_HASH_BYTES);
+    crypto_generichash_update(&st, prev_hash ? prev_hash : zero, KVD_HASH_BYTES);
+    /* Little-endian u32 per token, independent of the host's byte order. */
+    uint8_t buf[256];
+    size_t nb = 0;
+    for (uint32_t i = 0; i < ntok; i++) {
+        uint32_t t = tokens[i];
+        buf[nb++] = (uint8_t)t;
+        buf[nb++] = (uint8_t)(t >> 8);
+        buf[nb++] = (uint8_t)(t >> 16);
+        buf[nb++] = (uint8_t)(t >> 24);
+        if (nb == sizeof(buf)) {
+            crypto_generichash_update(&st, buf, nb);
+            nb = 0;
+        }
+    }
+    if (nb)
+        crypto_generichash_update(&st, buf, nb);
+    if (extra_len)
+        crypto_generichash_update(&st, extra, extra_len);
+    crypto_generichash_final(&st, hash_out, KVD_HASH_BYTES);
+}
+
+uint64_t kvd__index_key(const uint8_t hash[KVD_HASH_BYTES])
+{
+    uint64_t k = 0;
+    for (int i = 0; i < 8; i++)
+        k |= (uint64_t)hash[i] << (8 * i);
+    return k == KVD_MAP_EMPTY ? KVD_MAP_EMPTY - 1 : k; /* the map reserves all-ones */
+}
+
+uint32_t kvd__index_find(const kvd_core_t *c, const uint8_t hash[KVD_HASH_BYTES], int *collision)
+{
+    *collision = 0;
+    uint64_t *v = kvd_map_get(&c->index, kvd__index_key(hash));
+    if (!v)
+        return KVD_NONE;
+    uint32_t lid = (uint32_t)*v;
+    if (memcmp(c->lp[lid].hash, hash, KVD_HASH_BYTES) != 0) {
+        *collision = 1;
+        return KVD_NONE;
+    }
+    return lid;
+}
+
+void kvd__lru_insert_tail(kvd_core_t *c, uint32_t lid)
+{
+    kvd_lpage_t *p = &c->lp[lid];
+    kvd_pool_t *pl = &c->pool[p->fmt];
+    KVD_ASSERT(!p->on_lru && p->cached);
+    p->lru_prev = pl->lru_tail;
+    p->lru_next = KVD_NONE;
+    if (pl->lru_tail != KVD_NONE)
+        c->lp[pl->lru_tail].lru_next = lid;
+    else
+        pl->lru_head = lid;
+    pl->lru_tail = lid;
+    p->on_lru = 1;
+    pl->nlru++;
+}
+
+void kvd__lru_remove(kvd_core_t *c, uint32_t lid)
+{
+    kvd_lpage_t *p = &c->lp[lid];
+    kvd_pool_t *pl = &c->pool[p->fmt];
+    KVD_ASSERT(p->on_lru);
+    if (p->lru_prev != KVD_NONE)
+        c->lp[p->lru_prev].lru_next = p->lru_next;
+    else
+        pl->lru_head = p->lru_next;
+    if (p->lru_next != KVD_NONE)
+        c->lp[p->lru_next].lru_prev = p->lru_prev;
+    else
+        pl->lru_tail = p->lru_prev;
+    p->lru_prev = p->lru_next = KVD_NONE;
+    p->on_lru = 0;
+    pl->nlru--;
+}
+
+void kvd__cache_evict(kvd_core_t *c, uint32_t lid)
+{
+    kvd_lpage_t *p = &c->lp[lid];
+    if (!p->cached)
+        KVD_PANIC("evicting logical page %u that is not cached", lid);
+    if (p->pins)
+        KVD_PANIC("evicting pinned logical page %u", lid);
+    int removed = kvd_map_del(&c->index, kvd__index_key(p->hash));
+    KVD_ASSERT(removed);
+    p->cached = 0;
+    c->pool[p->fmt].ncached--;
+    c->st.cache_entries--;
+    if (p->on_lru)
+        kvd__lru_remove(c, lid);
+    /* No new stamp: unbinding is invisible to kernels; the stamp of the last client drop
+     * already covers every kernel that could have read this page. */
+    kvd__refs_changed(c, lid);
+}
+
+void kvd__cache_enforce_quota(kvd_core_t *c, kv_fmt_t f)
+{
+    kvd_pool_t *pl = &c->pool[f];
+    while (pl->ncached > pl->quota && pl->lru_head != KVD_NONE) {
+        kvd__cache_evict(c, pl->lru_head);
+        c->st.evictions_quota++;
+    }
+}
+
+int kvd__ensure_free(kvd_core_t *c, kv_fmt_t f, uint32_t n, uint32_t exclude)
+{
+    kvd_pool_t *pl = &c->pool[f];
+    if (pl->nfree >= n)
+        return KV_ERR_OK;
+    kvd_core_collect(c);
+    if (pl->nfree >= n)
+        return KV_ERR_OK;
+    uint64_t safe = kvd__min_safe_epoch(c);
+    uint32_t need = n - pl->nfree, can = 0, young = 0;
+    for (uint32_t l = pl->lru_head; l != KVD_NONE && can < need; l = c->lp[l].lru_next) {
+        if (l == exclude)
+            continue;
+        if (c->lp[l].stamp <= safe)
+            can++;
+        else
+            young++;
+    }
+    if (can >= need) {
+        uint32_t l = pl->lru_head;
+        while (l != KVD_NONE && need > 0) {
+            uint32_t next = c->lp[l].lru_next;
+            if (l != exclude && c->lp[l].stamp <= safe) {
+                kvd__cache_evict(c, l);
+                c->st.evictions_pressure++;
+                need--;
+            }
+            l = next;
+        }
+        kvd_core_collect(c);
+        KVD_ASSERT(pl->nfree >= n);
+        return KV_ERR_OK;
+    }
+    /* Explain what holds the pool, so an engine (or its operator) can act. */
+    uint32_t referenced = 0, pinned = 0, cached_busy = 0, open = 0;
+    for (uint32_t i = 0; i < pl->n; i++) {
+        const kvd_ppage_t *pp = &pl->pg[i];
+        if (pp->state != KVD_PHYS_LIVE)
+            continue;
+        const kvd_lpage_t *p = &c->lp[pp->lid];
+        if (p->pins)
+            pinned++;
+        else if (kvd__lp_client_refs(p))
+            referenced++;
+        if (p->state == KVD_PAGE_OPEN)
+            open++;
+        if (p->cached && !p->on_lru)
+            cached_busy++;
+    }
+    return kvd__fail(c, KV_ERR_RESOURCE_EXHAUSTED,
+                     "%s pool exhausted: asked %u, free %u of %u; %u retired waiting for every "
+                     "session to report epoch >= their stamp (min reported %llu, current %llu); "
+                     "%u held by requests (%u unsealed), %u pinned, %u cached but in use, %u "
+                     "evictable now, %u evictable after epoch reports. Preempt a request or "
+                     "retry after clients report epochs",
+                     kvd_fmt_name(f), n, pl->nfree, pl->n, pl->nretired,
+                     (unsigned long long)(safe == UINT64_MAX ? 0 : safe),
+                     (unsigned long long)c->epoch, referenced, open, pinned, cached_busy, can,
+                     young);
+}

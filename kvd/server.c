@@ -1,0 +1,1234 @@
+/* server.c — see server.h for the handle map and the session rule.
+ *
+ * Request path (one message, all on the loop thread, no allocation on the hot path except
+ * protobuf-c's unpack and the lookup page buffer):
+ *
+ *   frames = [routing id][envelope…][payload]     (DEALER sends just [payload]; a REQ peer's
+ *                                                  empty delimiter is echoed back unchanged)
+ *   kvp_request_decode(payload) → op, id          (the gate: every malformed input stops here)
+ *   session lookup by routing id                  (ops that need one → NO_SESSION)
+ *   optional safe-epoch report
+ *   handler → kvd_core_*()                        (state change or error + message)
+ *   reply: version, id, status, message, epoch, body → packed → [envelope…][reply]
+ *
+ * Replies are built in a per-request arena (srv->arena: a list of calloc'd blocks) so that
+ * handlers that build nested messages (sessions, cache ls, config, stats) free in one place.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "core.h"
+#include "fdpass.h"
+#include "kvproto.h"
+#include "log.h"
+#include "metrics.h"
+#include "zap.h"
+
+#define KVD_MAX_FRAMES 4
+#define KVD_ROUTING_MAX 255
+
+typedef struct kvd_sess_s {
+    struct kvd_sess_s *next;
+    kvd_server_t *srv;
+    uint64_t sid;
+    int32_t pid;
+    uint32_t uid, gid;
+    int pidfd;
+    uv_poll_t poll;
+    uint8_t rid[KVD_ROUTING_MAX];
+    size_t rid_len;
+    int connected; /* routing id still ours (cleared when a newer hello takes it) */
+    char name[KVP_MAX_STRING + 1];
+    uint64_t last_ns;
+    int lease_expired;
+} kvd_sess_t;
+
+typedef struct kvd_arena_s {
+    struct kvd_arena_s *next;
+    max_align_t data[];
+} kvd_arena_t;
+
+struct kvd_server_s {
+    uv_loop_t *loop;
+    kvd_config_t *cfg;
+    kvd_core_t *core;
+    void *zctx, *router;
+    uv_poll_t router_poll;
+    kvd_zap_t zap;
+    kvd_admit_t admit;
+    int fds_listen;
+    uv_poll_t fds_poll;
+    char fds_path[256];
+    char sock_path[256];
+    uv_timer_t epoch_timer, lease_timer;
+    kvd_http_t http;
+    kvd_sess_t *sessions;
+    uint32_t nsessions;
+    kvd_metrics_t metrics;
+    kvp_limits_t lim;
+    uint64_t instance, start_ns, fd_handovers, fd_refused;
+    int draining, stopping;
+    kvd_arena_t *arena;
+    uint8_t *sendbuf;
+    size_t sendcap;
+    uint32_t *lookup_buf;
+    size_t lookup_cap;
+};
+
+static uint64_t kvd_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- arena ------------------------------------------------------------------------------- */
+static void *ar_alloc(kvd_server_t *s, size_t n)
+{
+    kvd_arena_t *a = calloc(1, sizeof *a + (n ? n : 1));
+    if (!a)
+        return NULL;
+    a->next = s->arena;
+    s->arena = a;
+    return a->data;
+}
+
+static char *ar_strdup(kvd_server_t *s, const char *str)
+{
+    size_t n = strlen(str);
+    char *p = ar_alloc(s, n + 1);
+    if (p)
+        memcpy(p, str, n + 1);
+    return p;
+}
+
+static void ar_reset(kvd_server_t *s)
+{
+    while (s->arena) {
+        kvd_arena_t *a = s->arena;
+        s->arena = a->next;
+        free(a);
+    }
+}
+
+/* ---- sessions ---------------------------------------------------------------------------- */
+static kvd_sess_t *kvd_sess_by_rid(kvd_server_t *s, const uint8_t *rid, size_t len)
+{
+    /* Linear: sessions are engine processes on one host (tens); a hash map would cost more in
+     * code than it saves in nanoseconds. */
+    for (kvd_sess_t *x = s->sessions; x; x = x->next)
+        if (x->connected && x->rid_len == len && memcmp(x->rid, rid, len) == 0)
+            return x;
+    return NULL;
+}
+
+static kvd_sess_t *kvd_sess_by_pid(kvd_server_t *s, int32_t pid)
+{
+    for (kvd_sess_t *x = s->sessions; x; x = x->next)
+        if (x->pid == pid)
+            return x;
+    return NULL;
+}
+
+static void kvd_sess_closed(uv_handle_t *h)
+{
+    kvd_sess_t *x = h->data;
+    close(x->pidfd);
+    free(x);
+}
+
+static void kvd_sess_unlink(kvd_server_t *s, kvd_sess_t *x)
+{
+    for (kvd_sess_t **pp = &s->sessions; *pp; pp = &(*pp)->next)
+        if (*pp == x) {
+            *pp = x->next;
+            s->nsessions--;
+            break;
+        }
+}
+
+/* The pidfd is readable: the process has exited. This is the only reclaim path. */
+static void kvd_sess_exit_cb(uv_poll_t *h, int status, int events)
+{
+    kvd_sess_t *x = h->data;
+    kvd_server_t *s = x->srv;
+    kvd_session_info_t si;
+    memset(&si, 0, sizeof si);
+    kvd_core_session_info(s->core, x->sid, &si);
+    uint64_t t0 = kvd_now_ns();
+    int e = kvd_core_session_close(s->core, x->sid);
+    KVD_LOGI("session %" PRIu64 " (pid %d) exited: reclaimed %" PRIu64 " refs in %.3f ms%s%s",
+             x->sid, (int)x->pid, si.loose_refs + si.seq_refs, (double)(kvd_now_ns() - t0) / 1e6,
+             e ? ": " : "", e ? kvd_core_errmsg(s->core) : "");
+    kvd_sess_unlink(s, x);
+    uv_poll_stop(h);
+    uv_close((uv_handle_t *)h, kvd_sess_closed);
+}
+
+/* ---- reply helpers ----------------------------------------------------------------------- */
+typedef struct kvd_req_ctx_s {
+    kvd_server_t *s;
+    kvd_sess_t *sess;
+    const Kvd__Request *req;
+    Kvd__Reply *rep;
+    uint32_t uid, gid;
+    int32_t pid;
+    int have_cred;
+    const uint8_t *rid;
+    size_t rid_len;
+    char msg[1024];
+} kvd_req_ctx_t;
+
+static kv_err_t kvd_fail(kvd_req_ctx_t *c, kv_err_t e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static kv_err_t kvd_fail(kvd_req_ctx_t *c, kv_err_t e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->msg, sizeof c->msg, fmt, ap);
+    va_end(ap);
+    return e;
+}
+
+/* Wrap a core error: its message is the reply's. */
+static kv_err_t kvd_core_fail(kvd_req_ctx_t *c, int e)
+{
+    snprintf(c->msg, sizeof c->msg, "%s", kvd_core_errmsg(c->s->core));
+    return (kv_err_t)e;
+}
+
+#define KVD_BODY(c, Type, INIT, field, CASE)                                                       \
+    Type *b_ = ar_alloc((c)->s, sizeof(Type));                                                     \
+    if (!b_)                                                                                       \
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");                      \
+    *b_ = (Type)INIT;                                                                              \
+    (c)->rep->body_case = KVD__REPLY__BODY_##CASE;                                                 \
+    (c)->rep->field = b_
+
+static Kvd__Geometry *kvd_geom_msg(kvd_server_t *s, const kv_geom_t *g)
+{
+    Kvd__Geometry *m = ar_alloc(s, sizeof *m);
+    if (!m)
+        return NULL;
+    *m = (Kvd__Geometry)KVD__GEOMETRY__INIT;
+    m->layers = g->layers;
+    m->kv_heads = g->kv_heads;
+    m->head_dim = g->head_dim;
+    m->page_tokens = g->page_tokens;
+    m->seed = g->seed;
+    return m;
+}
+
+/* ---- engine operations ------------------------------------------------------------------- */
+static kv_err_t kvd_op_hello(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    const Kvd__HelloReq *h = c->req->hello;
+    if (s->draining)
+        return kvd_fail(c, KV_ERR_DRAINING, "the daemon is draining: no new sessions");
+    if (!c->have_cred)
+        return kvd_fail(c, KV_ERR_PERMISSION_DENIED,
+                        "no kernel credentials for this connection (ipc transport only)");
+    if (h->namespace_ && h->namespace_[0] && strcmp(h->namespace_, s->cfg->namespace) != 0)
+        return kvd_fail(c, KV_ERR_NOT_FOUND, "namespace '%s' is not served here (this daemon "
+                        "serves '%s')", h->namespace_, s->cfg->namespace);
+    const kvd_export_t *ex = kvd_core_export(s->core);
+    if (h->geometry) {
+        const Kvd__Geometry *g = h->geometry;
+        if (g->layers != ex->geom.layers || g->kv_heads != ex->geom.kv_heads ||
+            g->head_dim != ex->geom.head_dim || g->page_tokens != ex->geom.page_tokens ||
+            g->seed != ex->geom.seed)
+            return kvd_fail(c, KV_ERR_GEOMETRY_MISMATCH,
+                            "client geometry %u layers x %u heads x %u dim, %u tokens/page, seed "
+                            "%" PRIu64 "; namespace has %u x %u x %u, %u, seed %" PRIu64,
+                            g->layers, g->kv_heads, g->head_dim, g->page_tokens, g->seed,
+                            ex->geom.layers, ex->geom.kv_heads, ex->geom.head_dim,
+                            ex->geom.page_tokens, ex->geom.seed);
+    }
+    kvd_sess_t *x = c->sess;
+    if (!x) {
+        x = calloc(1, sizeof *x);
+        if (!x)
+            return kvd_fail(c, KV_ERR_NOMEM, "out of memory opening a session");
+        x->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)c->pid, 0);
+        if (x->pidfd < 0) {
+            int en = errno;
+            free(x);
+            if (en == ESRCH)
+                return kvd_fail(c, KV_ERR_FAILED_PRECONDITION, "process %d has already exited",
+                                (int)c->pid);
+            return kvd_fail(c, KV_ERR_INTERNAL, "pidfd_open(%d) failed: %s", (int)c->pid,
+                            strerror(en));
+        }
+        int e = kvd_core_session_open(s->core, c->pid, c->uid, &x->sid);
+        if (e != KV_ERR_OK) {
+            close(x->pidfd);
+            free(x);
+            return kvd_core_fail(c, e);
+        }
+        x->srv = s;
+        x->pid = c->pid;
+        x->uid = c->uid;
+        x->gid = c->gid;
+        memcpy(x->rid, c->rid, c->rid_len);
+        x->rid_len = c->rid_len;
+        x->connected = 1;
+        uv_poll_init(s->loop, &x->poll, x->pidfd);
+        x->poll.data = x;
+        uv_poll_start(&x->poll, UV_READABLE, kvd_sess_exit_cb);
+        x->next = s->sessions;
+        s->sessions = x;
+        s->nsessions++;
+        c->sess = x;
+        KVD_LOGI("session %" PRIu64 " opened: pid %d uid %u gid %u '%s'", x->sid, (int)x->pid,
+                 x->uid, x->gid, h->client_name ? h->client_name : "");
+    }
+    snprintf(x->name, sizeof x->name, "%s", h->client_name ? h->client_name : "");
+    x->last_ns = kvd_now_ns();
+
+    KVD_BODY(c, Kvd__HelloRep, KVD__HELLO_REP__INIT, hello, HELLO);
+    b_->session_id = x->sid;
+    b_->geometry = kvd_geom_msg(s, &ex->geom);
+    b_->epoch = kvd_core_epoch(s->core);
+    b_->fd_socket = s->fds_path;
+    b_->lease_ms = (uint32_t)s->cfg->lease_ms;
+    b_->instance = s->instance;
+    b_->pid = (uint32_t)x->pid;
+    Kvd__PoolDesc **pd = ar_alloc(s, sizeof(*pd) * (KV_FMT_COUNT + 1));
+    if (!pd || !b_->geometry)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    size_t np = 0;
+    uint32_t fdi = 0;
+    Kvd__PoolDesc *d = ar_alloc(s, sizeof *d);
+    if (!d)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    *d = (Kvd__PoolDesc)KVD__POOL_DESC__INIT;
+    d->kind = KVD__POOL_DESC__KIND__KIND_DIRECTORY;
+    d->pages = ex->dir_entries;
+    d->bytes = ex->dir_bytes;
+    d->fd_index = fdi++;
+    pd[np++] = d;
+    for (int f = 0; f < KV_FMT_COUNT; f++) {
+        if (!ex->pages[f] || ex->pool_fd[f] < 0)
+            continue;
+        d = ar_alloc(s, sizeof *d);
+        if (!d)
+            return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+        *d = (Kvd__PoolDesc)KVD__POOL_DESC__INIT;
+        d->kind = KVD__POOL_DESC__KIND__KIND_POOL;
+        d->format = (Kvd__Format)f;
+        d->pages = ex->pages[f];
+        d->page_bytes = ex->page_bytes[f];
+        d->bytes = ex->pool_bytes[f];
+        d->fd_index = fdi++;
+        pd[np++] = d;
+    }
+    b_->pools = pd;
+    b_->n_pools = np;
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_alloc(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    const Kvd__AllocReq *a = c->req->alloc;
+    if (s->draining)
+        return kvd_fail(c, KV_ERR_DRAINING, "the daemon is draining: no new pages");
+    if (a->format != KVD__FORMAT__FORMAT_FP8)
+        return kvd_fail(c, KV_ERR_INVALID_ARGUMENT,
+                        "alloc: clients allocate FP8 pages only (TQ3 pages come from retier)");
+    KVD_BODY(c, Kvd__AllocRep, KVD__ALLOC_REP__INIT, alloc, ALLOC);
+    b_->pages = ar_alloc(s, sizeof(uint32_t) * a->count);
+    if (!b_->pages)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    int e = kvd_core_alloc(s->core, c->sess->sid, a->count, b_->pages);
+    if (e != KV_ERR_OK)
+        return kvd_core_fail(c, e);
+    b_->n_pages = a->count;
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_seal(kvd_req_ctx_t *c)
+{
+    const Kvd__SealReq *r = c->req->seal;
+    if (c->s->draining)
+        return kvd_fail(c, KV_ERR_DRAINING, "the daemon is draining: no new cache entries");
+    uint8_t hash[KVD_HASH_BYTES];
+    uint32_t canon = KVD_NONE;
+    int e = kvd_core_seal(c->s->core, c->sess->sid, r->page, r->has_prev ? r->prev : KVD_NONE,
+                          r->tokens, (uint32_t)r->n_tokens, r->extra.data, r->extra.len, hash,
+                          &canon);
+    if (e != KV_ERR_OK)
+        return kvd_core_fail(c, e);
+    KVD_BODY(c, Kvd__SealRep, KVD__SEAL_REP__INIT, seal, SEAL);
+    b_->page = canon;
+    b_->deduplicated = canon != r->page;
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_lookup(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    const Kvd__LookupReq *r = c->req->lookup;
+    uint32_t pt = kvd_core_export(s->core)->geom.page_tokens;
+    uint32_t max = (uint32_t)(r->n_tokens / pt);
+    if (max + 1 > s->lookup_cap) {
+        uint32_t *nb = realloc(s->lookup_buf, sizeof(uint32_t) * (max + 1));
+        if (!nb)
+            return kvd_fail(c, KV_ERR_NOMEM, "out of memory for %u lookup pages", max);
+        s->lookup_buf = nb;
+        s->lookup_cap = max + 1;
+    }
+    uint32_t np = 0, nt = 0;
+    int e;
+    if (r->peek) {
+        /* peek: walk the chain with cache_find, take nothing */
+        uint8_t h[KVD_HASH_BYTES], prev[KVD_HASH_BYTES];
+        for (uint32_t i = 0; i < max; i++) {
+            kvd_core_chain_hash(s->core, i ? prev : NULL, r->tokens + (uint64_t)i * pt, pt,
+                                r->extra.data, r->extra.len, h);
+            uint32_t lg;
+            if (kvd_core_cache_find(s->core, h, &lg) != KV_ERR_OK)
+                break;
+            s->lookup_buf[np++] = lg;
+            memcpy(prev, h, sizeof prev);
+        }
+        nt = np * pt;
+    } else {
+        e = kvd_core_lookup(s->core, c->sess->sid, r->tokens, (uint32_t)r->n_tokens,
+                            r->extra.data, r->extra.len, s->lookup_buf, max, &np, &nt);
+        if (e != KV_ERR_OK)
+            return kvd_core_fail(c, e);
+    }
+    KVD_BODY(c, Kvd__LookupRep, KVD__LOOKUP_REP__INIT, lookup, LOOKUP);
+    b_->pages = s->lookup_buf;
+    b_->n_pages = np;
+    b_->tokens_matched = nt;
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_release(kvd_req_ctx_t *c)
+{
+    const Kvd__ReleaseReq *r = c->req->release;
+    int e = kvd_core_release(c->s->core, c->sess->sid, r->pages, (uint32_t)r->n_pages);
+    if (e != KV_ERR_OK)
+        return kvd_core_fail(c, e);
+    KVD_BODY(c, Kvd__ReleaseRep, KVD__RELEASE_REP__INIT, release, RELEASE);
+    b_->released = (uint32_t)r->n_pages;
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_seq_open(kvd_req_ctx_t *c)
+{
+    if (c->s->draining)
+        return kvd_fail(c, KV_ERR_DRAINING, "the daemon is draining: no new sequences");
+    uint64_t seq;
+    int e = kvd_core_seq_open(c->s->core, c->sess->sid, &seq);
+    if (e != KV_ERR_OK)
+        return kvd_core_fail(c, e);
+    KVD_BODY(c, Kvd__SeqOpenRep, KVD__SEQ_OPEN_REP__INIT, seq_open, SEQ_OPEN);
+    b_->seq_id = seq;
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_seq_append(kvd_req_ctx_t *c)
+{
+    const Kvd__SeqAppendReq *r = c->req->seq_append;
+    int e = kvd_core_seq_append(c->s->core, c->sess->sid, r->seq_id, r->pages,
+                                (uint32_t)r->n_pages);
+    if (e != KV_ERR_OK)
+        return kvd_core_fail(c, e);
+    uint32_t n = 0;
+    kvd_core_seq_pages(c->s->core, r->seq_id, NULL, 0, &n, NULL);
+    KVD_BODY(c, Kvd__SeqAppendRep, KVD__SEQ_APPEND_REP__INIT, seq_append, SEQ_APPEND);
+    b_->length = n;
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_seq_close(kvd_req_ctx_t *c)
+{
+    const Kvd__SeqCloseReq *r = c->req->seq_close;
+    uint32_t n = 0;
+    uint64_t owner = 0;
+    if (kvd_core_seq_pages(c->s->core, r->seq_id, NULL, 0, &n, &owner) != KV_ERR_OK ||
+        owner != c->sess->sid)
+        return kvd_fail(c, KV_ERR_NOT_FOUND, "seq_close: sequence %" PRIu64
+                        " is not open in this session", r->seq_id);
+    int e = kvd_core_seq_close(c->s->core, c->sess->sid, r->seq_id);
+    if (e != KV_ERR_OK)
+        return kvd_core_fail(c, e);
+    KVD_BODY(c, Kvd__SeqCloseRep, KVD__SEQ_CLOSE_REP__INIT, seq_close, SEQ_CLOSE);
+    b_->length = n;
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_heartbeat(kvd_req_ctx_t *c)
+{
+    const Kvd__HeartbeatReq *r = c->req->heartbeat;
+    if (r->completed_epoch) {
+        int e = kvd_core_session_report_epoch(c->s->core, c->sess->sid, r->completed_epoch);
+        if (e != KV_ERR_OK)
+            return kvd_core_fail(c, e);
+    }
+    KVD_BODY(c, Kvd__HeartbeatRep, KVD__HEARTBEAT_REP__INIT, heartbeat, HEARTBEAT);
+    b_->epoch = kvd_core_epoch(c->s->core);
+    b_->lease_ms = (uint32_t)c->s->cfg->lease_ms;
+    return KV_ERR_OK;
+}
+
+/* ---- admin operations -------------------------------------------------------------------- */
+static kv_err_t kvd_op_status(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    kvd_stats_t st;
+    kvd_core_stats(s->core, &st);
+    KVD_BODY(c, Kvd__StatusRep, KVD__STATUS_REP__INIT, status_rep, STATUS_REP);
+    b_->version = ar_strdup(s, "kvd 0.1.0 protocol 1");
+    b_->uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000u;
+    b_->epoch = kvd_core_epoch(s->core);
+    b_->sessions = s->nsessions;
+    b_->draining = s->draining != 0;
+    const kvd_export_t *ex = kvd_core_export(s->core);
+    b_->geometry = kvd_geom_msg(s, &ex->geom);
+    b_->namespace_ = s->cfg->namespace;
+    b_->backend = (char *)ex->backend;
+    size_t n = 0, cap = 0;
+#define KVD_CNT_(name, kind, help) cap++;
+    KVD_STATS_MAP(KVD_CNT_)
+#undef KVD_CNT_
+#define KVD_CNT_(name, kind, help) cap += KV_FMT_COUNT;
+    KVD_STATS_FMT_MAP(KVD_CNT_)
+#undef KVD_CNT_
+    Kvd__Stat *arr = ar_alloc(s, sizeof *arr * cap);
+    Kvd__Stat **ptr = ar_alloc(s, sizeof *ptr * cap);
+    if (!arr || !ptr || !b_->version || !b_->geometry)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+#define KVD_ST_(nm, kind, hl)                                                                      \
+    arr[n] = (Kvd__Stat)KVD__STAT__INIT;                                                           \
+    arr[n].name = (char *)#nm;                                                                     \
+    arr[n].value = st.nm;                                                                          \
+    arr[n].help = (char *)hl;                                                                      \
+    ptr[n] = &arr[n];                                                                              \
+    n++;
+    KVD_STATS_MAP(KVD_ST_)
+#undef KVD_ST_
+#define KVD_ST_(nm, kind, hl)                                                                      \
+    for (int f = 0; f < KV_FMT_COUNT; f++) {                                                       \
+        arr[n] = (Kvd__Stat)KVD__STAT__INIT;                                                       \
+        arr[n].name = ar_strdup(s, f == KV_FMT_FP8 ? #nm ".fp8" : #nm ".tq3");                     \
+        arr[n].value = st.nm[f];                                                                   \
+        arr[n].help = (char *)hl;                                                                  \
+        ptr[n] = &arr[n];                                                                          \
+        if (!arr[n].name)                                                                          \
+            return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");                  \
+        n++;                                                                                       \
+    }
+    KVD_STATS_FMT_MAP(KVD_ST_)
+#undef KVD_ST_
+    b_->stats = ptr;
+    b_->n_stats = n;
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_sessions(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    KVD_BODY(c, Kvd__SessionsRep, KVD__SESSIONS_REP__INIT, sessions, SESSIONS);
+    Kvd__SessionInfo **ptr = ar_alloc(s, sizeof *ptr * (s->nsessions + 1));
+    if (!ptr)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    size_t n = 0;
+    uint64_t now = kvd_now_ns();
+    for (kvd_sess_t *x = s->sessions; x; x = x->next) {
+        Kvd__SessionInfo *m = ar_alloc(s, sizeof *m);
+        if (!m)
+            return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+        *m = (Kvd__SessionInfo)KVD__SESSION_INFO__INIT;
+        kvd_session_info_t si;
+        memset(&si, 0, sizeof si);
+        kvd_core_session_info(s->core, x->sid, &si);
+        m->id = x->sid;
+        m->pid = (uint32_t)x->pid;
+        m->uid = x->uid;
+        m->gid = x->gid;
+        m->client_name = x->name;
+        m->refs = si.loose_refs + si.seq_refs;
+        m->sequences = si.sequences;
+        m->completed_epoch = si.safe_epoch;
+        m->idle_ms = (now - x->last_ns) / 1000000u;
+        m->lease_expired = m->idle_ms > s->cfg->lease_ms;
+        m->connected = x->connected != 0;
+        m->exited = 0;
+        ptr[n++] = m;
+    }
+    b_->sessions = ptr;
+    b_->n_sessions = n;
+    return KV_ERR_OK;
+}
+
+typedef struct kvd_cache_walk_s {
+    kvd_server_t *s;
+    Kvd__CacheEntry **ptr;
+    size_t n, cap;
+    uint64_t total;
+    int oom;
+    /* evict all: collect candidates */
+    uint32_t *evict;
+} kvd_cache_walk_t;
+
+static void kvd_cache_ls_cb(const kvd_page_info_t *p, void *ud)
+{
+    kvd_cache_walk_t *w = ud;
+    w->total++;
+    if (w->n >= w->cap || w->oom)
+        return;
+    Kvd__CacheEntry *m = ar_alloc(w->s, sizeof *m);
+    uint8_t *h = ar_alloc(w->s, KVD_HASH_BYTES);
+    if (!m || !h) {
+        w->oom = 1;
+        return;
+    }
+    *m = (Kvd__CacheEntry)KVD__CACHE_ENTRY__INIT;
+    m->page = p->logical;
+    m->format = (Kvd__Format)p->fmt;
+    memcpy(h, p->hash, KVD_HASH_BYTES);
+    m->hash.data = h;
+    m->hash.len = KVD_HASH_BYTES;
+    m->refs = p->req_loose + p->req_seq;
+    m->pinned = p->pins > 0;
+    m->last_use = p->last_use_ns;
+    w->ptr[w->n++] = m;
+}
+
+static kv_err_t kvd_op_cache_ls(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    uint32_t limit = c->req->cache_ls->limit ? c->req->cache_ls->limit : 1000;
+    if (limit > 100000)
+        limit = 100000;
+    KVD_BODY(c, Kvd__CacheLsRep, KVD__CACHE_LS_REP__INIT, cache_ls, CACHE_LS);
+    kvd_cache_walk_t w = {.s = s, .cap = limit};
+    w.ptr = ar_alloc(s, sizeof *w.ptr * limit);
+    if (!w.ptr)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    kvd_core_cache_foreach(s->core, kvd_cache_ls_cb, &w);
+    if (w.oom)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    b_->entries = w.ptr;
+    b_->n_entries = w.n;
+    b_->total = w.total;
+    return KV_ERR_OK;
+}
+
+static void kvd_cache_evictable_cb(const kvd_page_info_t *p, void *ud)
+{
+    kvd_cache_walk_t *w = ud;
+    if (p->on_lru && p->pins == 0 && w->n < w->cap)
+        w->evict[w->n++] = p->logical;
+}
+
+static kv_err_t kvd_op_cache_evict(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    const Kvd__CacheEvictReq *r = c->req->cache_evict;
+    uint32_t evicted = 0;
+    if (r->all) {
+        kvd_stats_t st;
+        kvd_core_stats(s->core, &st);
+        kvd_cache_walk_t w = {.s = s, .cap = st.cache_entries + 1};
+        w.evict = malloc(sizeof(uint32_t) * w.cap);
+        if (!w.evict)
+            return kvd_fail(c, KV_ERR_NOMEM, "out of memory");
+        kvd_core_cache_foreach(s->core, kvd_cache_evictable_cb, &w);
+        for (size_t i = 0; i < w.n; i++)
+            if (kvd_core_cache_evict(s->core, w.evict[i]) == KV_ERR_OK)
+                evicted++;
+        free(w.evict);
+    } else {
+        int e = kvd_core_cache_evict(s->core, r->page);
+        if (e != KV_ERR_OK)
+            return kvd_core_fail(c, e);
+        evicted = 1;
+    }
+    KVD_BODY(c, Kvd__CacheEvictRep, KVD__CACHE_EVICT_REP__INIT, cache_evict, CACHE_EVICT);
+    b_->evicted = evicted;
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_cache_pin(kvd_req_ctx_t *c)
+{
+    const Kvd__CachePinReq *r = c->req->cache_pin;
+    int e = r->pin ? kvd_core_pin(c->s->core, r->page) : kvd_core_unpin(c->s->core, r->page);
+    if (e != KV_ERR_OK)
+        return kvd_core_fail(c, e);
+    KVD_BODY(c, Kvd__CachePinRep, KVD__CACHE_PIN_REP__INIT, cache_pin, CACHE_PIN);
+    (void)b_;
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_page_info(kvd_req_ctx_t *c)
+{
+    kvd_page_info_t p;
+    int e = kvd_core_page_info(c->s->core, c->req->page_info->page, &p);
+    if (e != KV_ERR_OK)
+        return kvd_core_fail(c, e);
+    KVD_BODY(c, Kvd__PageInfoRep, KVD__PAGE_INFO_REP__INIT, page_info, PAGE_INFO);
+    b_->page = p.logical;
+    b_->state = (char *)kvd_page_state_name(p.state);
+    b_->format = (Kvd__Format)p.fmt;
+    b_->phys = p.phys;
+    b_->refs = p.req_loose + p.req_seq;
+    b_->sealed = p.state == KVD_PAGE_SEALED;
+    b_->pinned = p.pins > 0;
+    b_->retire_epoch = p.stamp;
+    uint8_t *h = ar_alloc(c->s, KVD_HASH_BYTES);
+    char *det = ar_alloc(c->s, 256);
+    if (!h || !det)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    memcpy(h, p.hash, KVD_HASH_BYTES);
+    b_->hash.data = h;
+    b_->hash.len = KVD_HASH_BYTES;
+    b_->generation = (uint32_t)kv_dir_gen(kvd_core_backend(c->s->core)->dir[p.logical]);
+    snprintf(det, 256,
+             "loose=%u seq=%u cache=%u pins=%u conv=%u on_lru=%d owner_session=%" PRIu64, p.req_loose,
+             p.req_seq, p.cache, p.pins, p.conv, p.on_lru, p.owner_sid);
+    b_->detail = det;
+    return KV_ERR_OK;
+}
+
+static Kvd__ConfigItem *kvd_config_item(kvd_server_t *s, const kvd_config_desc_t *d)
+{
+    Kvd__ConfigItem *m = ar_alloc(s, sizeof *m);
+    char *v = ar_alloc(s, 4200);
+    if (!m || !v)
+        return NULL;
+    *m = (Kvd__ConfigItem)KVD__CONFIG_ITEM__INIT;
+    kvd_config_get(s->cfg, d->name, v, 4200);
+    m->key = (char *)d->name;
+    m->value = v;
+    m->type = (char *)kvd_config_type_name(d->type);
+    m->mutable_ = d->mutable_ != 0;
+    m->help = (char *)d->help;
+    m->default_value = (char *)d->def;
+    return m;
+}
+
+static kv_err_t kvd_op_config_get(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    const char *key = c->req->config_get->key;
+    KVD_BODY(c, Kvd__ConfigGetRep, KVD__CONFIG_GET_REP__INIT, config_get, CONFIG_GET);
+    size_t cap = kvd_config_count();
+    Kvd__ConfigItem **ptr = ar_alloc(s, sizeof *ptr * cap);
+    if (!ptr)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    size_t n = 0;
+    for (size_t i = 0; i < cap; i++) {
+        const kvd_config_desc_t *d = kvd_config_desc(i);
+        if (key && key[0] && strcmp(key, d->name) != 0)
+            continue;
+        if (!(ptr[n++] = kvd_config_item(s, d)))
+            return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    }
+    if (key && key[0] && n == 0)
+        return kvd_fail(c, KV_ERR_NOT_FOUND, "unknown directive '%s'", key);
+    b_->items = ptr;
+    b_->n_items = n;
+    return KV_ERR_OK;
+}
+
+static void kvd_server_apply_config(kvd_server_t *s);
+
+static kv_err_t kvd_op_config_set(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    const Kvd__ConfigSetReq *r = c->req->config_set;
+    int e = kvd_config_set(s->cfg, r->key, r->value, 1, c->msg, sizeof c->msg);
+    if (e == KVD_CFG_UNKNOWN)
+        return KV_ERR_NOT_FOUND;
+    if (e == KVD_CFG_IMMUTABLE)
+        return KV_ERR_FAILED_PRECONDITION;
+    if (e != KVD_CFG_OK)
+        return KV_ERR_INVALID_ARGUMENT;
+    kvd_server_apply_config(s);
+    KVD_LOGI("config set %s = %s", r->key, r->value);
+    KVD_BODY(c, Kvd__ConfigSetRep, KVD__CONFIG_SET_REP__INIT, config_set, CONFIG_SET);
+    b_->item = kvd_config_item(s, kvd_config_find(r->key));
+    if (!b_->item)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_drain(kvd_req_ctx_t *c)
+{
+    if (!c->s->draining)
+        KVD_LOGI("draining: no new sessions, pages, seals or sequences");
+    c->s->draining = 1;
+    KVD_BODY(c, Kvd__DrainRep, KVD__DRAIN_REP__INIT, drain, DRAIN);
+    b_->sessions = c->s->nsessions;
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvd_op_check(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    char *report = ar_alloc(s, 8192);
+    if (!report)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory");
+    int bad = kvd_core_check(s->core, report, 8192);
+    KVD_BODY(c, Kvd__CheckRep, KVD__CHECK_REP__INIT, check, CHECK);
+    b_->ok = bad == 0;
+    b_->leaked_pages = (uint64_t)(bad > 0 ? bad : 0);
+    if (bad > 0) {
+        size_t cap = 64, n = 0;
+        char **lines = ar_alloc(s, sizeof *lines * cap);
+        if (!lines)
+            return kvd_fail(c, KV_ERR_NOMEM, "out of memory");
+        for (char *save = NULL, *l = strtok_r(report, "\n", &save); l && n < cap;
+             l = strtok_r(NULL, "\n", &save))
+            lines[n++] = l;
+        b_->problems = lines;
+        b_->n_problems = n;
+        KVD_LOGE("check: %d invariant violations; first: %s", bad, n ? lines[0] : "?");
+    }
+    return KV_ERR_OK;
+}
+
+typedef kv_err_t (*kvd_op_fn)(kvd_req_ctx_t *c);
+static const kvd_op_fn kvd_ops[KVP_OP_COUNT] = {
+#define KVD_OP_FN_(cs, nm, sess, adm) kvd_op_##nm,
+    KVP_OP_MAP(KVD_OP_FN_)
+#undef KVD_OP_FN_
+};
+
+/* ---- message loop ------------------------------------------------------------------------ */
+static int kvd_send_reply(kvd_server_t *s, zmq_msg_t *frames, int nenv, const Kvd__Reply *rep)
+{
+    size_t n = kvd__reply__get_packed_size(rep);
+    if (n > s->sendcap) {
+        uint8_t *nb = realloc(s->sendbuf, n);
+        if (!nb)
+            return -1;
+        s->sendbuf = nb;
+        s->sendcap = n;
+    }
+    kvd__reply__pack(rep, s->sendbuf);
+    for (int i = 0; i < nenv; i++)
+        if (zmq_send(s->router, zmq_msg_data(&frames[i]), zmq_msg_size(&frames[i]),
+                     ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+            return -1;
+    return zmq_send(s->router, s->sendbuf, n, ZMQ_DONTWAIT) < 0 ? -1 : 0;
+}
+
+static void kvd_handle_message(kvd_server_t *s)
+{
+    zmq_msg_t fr[KVD_MAX_FRAMES];
+    int nf = 0, more = 1, dropped = 0;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, s->router, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        more = zmq_msg_more(&m);
+        if (nf < KVD_MAX_FRAMES)
+            fr[nf++] = m; /* zmq_msg_t is movable by value until closed */
+        else {
+            dropped = 1;
+            zmq_msg_close(&m);
+        }
+    }
+    if (nf < 1)
+        return;
+    uint64_t t0 = kvd_now_ns();
+    kvd_req_ctx_t c;
+    memset(&c, 0, sizeof c);
+    c.s = s;
+    c.rid = zmq_msg_data(&fr[0]);
+    c.rid_len = zmq_msg_size(&fr[0]);
+    Kvd__Reply rep = KVD__REPLY__INIT;
+    c.rep = &rep;
+    Kvd__Request *req = NULL;
+    kvp_op_t op = KVP_OP_INVALID;
+    uint64_t id = 0;
+    kv_err_t e;
+    if (nf < 2) {
+        e = KV_ERR_MALFORMED;
+        snprintf(c.msg, sizeof c.msg, "message has no payload frame");
+    } else if (dropped) {
+        e = KV_ERR_MALFORMED;
+        snprintf(c.msg, sizeof c.msg, "message has more than %d frames", KVD_MAX_FRAMES - 1);
+    } else {
+        zmq_msg_t *pl = &fr[nf - 1];
+        e = kvp_request_decode(zmq_msg_data(pl), zmq_msg_size(pl), &s->lim, &req, &op, &id, c.msg,
+                               sizeof c.msg);
+        const char *cred = zmq_msg_gets(pl, "User-Id");
+        if (cred && kvd_peer_parse(cred, &c.uid, &c.gid, &c.pid) == 0)
+            c.have_cred = 1;
+    }
+    if (e == KV_ERR_OK) {
+        c.req = req;
+        c.sess = kvd_sess_by_rid(s, c.rid, c.rid_len);
+        if (c.sess)
+            c.sess->last_ns = t0;
+        if (kvp_op_needs_session(op) && !c.sess) {
+            e = KV_ERR_NO_SESSION;
+            snprintf(c.msg, sizeof c.msg, "%s needs a session: send hello first",
+                     kvp_op_name(op));
+        } else {
+            if (c.sess && req->completed_epoch &&
+                kvd_core_session_report_epoch(s->core, c.sess->sid, req->completed_epoch) != 0)
+                KVD_LOGD("session %" PRIu64 ": epoch report %" PRIu64 " ignored: %s",
+                         c.sess->sid, req->completed_epoch, kvd_core_errmsg(s->core));
+            e = kvd_ops[op](&c);
+        }
+    }
+    if (e != KV_ERR_OK) {
+        rep.body_case = KVD__REPLY__BODY__NOT_SET;
+        rep.message = c.msg[0] ? c.msg : (char *)kv_err_msg((int)e);
+        KVD_LOGD("request %" PRIu64 " (%s) failed: %s: %s", id, kvp_op_name(op),
+                 kv_err_name((int)e), rep.message);
+    }
+    rep.version = KVP_VERSION;
+    rep.id = id;
+    rep.status = kvp_status(e);
+    rep.epoch = kvd_core_epoch(s->core);
+    if (kvd_send_reply(s, fr, nf - 1 > 0 ? nf - 1 : 1, &rep) != 0)
+        KVD_LOGD("reply to request %" PRIu64 " not sent: %s", id, zmq_strerror(errno));
+    kvd_metrics_observe(&s->metrics, op, kvd_now_ns() - t0, e);
+    kvp_request_free(&req);
+    ar_reset(s);
+    for (int i = 0; i < nf; i++)
+        zmq_msg_close(&fr[i]);
+}
+
+/* ZMQ_FD is edge-triggered: one readable event may stand for many messages, and a send can
+ * consume the edge. So: drain until ZMQ_EVENTS shows no POLLIN, re-reading it after each reply. */
+static void kvd_router_cb(uv_poll_t *h, int status, int events)
+{
+    kvd_server_t *s = h->data;
+    for (;;) {
+        int ev = 0;
+        size_t sz = sizeof ev;
+        if (zmq_getsockopt(s->router, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN))
+            break;
+        kvd_handle_message(s);
+    }
+}
+
+/* ---- fd socket --------------------------------------------------------------------------- */
+static void kvd_fds_cb(uv_poll_t *h, int status, int events)
+{
+    kvd_server_t *s = h->data;
+    for (;;) {
+        int fd = accept4(s->fds_listen, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        uint32_t uid, gid;
+        int32_t pid;
+        kvd_sess_t *x = NULL;
+        if (kvd_fdpass_peer(fd, &uid, &gid, &pid) == 0 && kvd_admit_ok(&s->admit, uid, gid))
+            x = kvd_sess_by_pid(s, pid);
+        if (!x) {
+            s->fd_refused++;
+            KVD_LOGW("fd socket: refused peer pid %d uid %u (not admitted or no session)",
+                     (int)pid, uid);
+            close(fd);
+            continue;
+        }
+        const kvd_export_t *ex = kvd_core_export(s->core);
+        int fds[KV_FMT_COUNT + 1], n = 0;
+        fds[n++] = ex->dir_fd;
+        for (int f = 0; f < KV_FMT_COUNT; f++)
+            if (ex->pages[f] && ex->pool_fd[f] >= 0)
+                fds[n++] = ex->pool_fd[f];
+        if (kvd_fdpass_send(fd, x->sid, fds, n) != 0)
+            KVD_LOGW("fd socket: sendmsg to pid %d failed: %s", (int)pid, strerror(errno));
+        else
+            s->fd_handovers++;
+        close(fd);
+    }
+}
+
+/* ---- timers ------------------------------------------------------------------------------ */
+static void kvd_epoch_cb(uv_timer_t *t)
+{
+    kvd_server_t *s = t->data;
+    kvd_core_collect(s->core);
+}
+
+static void kvd_lease_cb(uv_timer_t *t)
+{
+    kvd_server_t *s = t->data;
+    uint64_t now = kvd_now_ns();
+    for (kvd_sess_t *x = s->sessions; x; x = x->next) {
+        int exp = (now - x->last_ns) / 1000000u > s->cfg->lease_ms;
+        if (exp && !x->lease_expired)
+            KVD_LOGW("session %" PRIu64 " (pid %d) lease expired: silent for more than %" PRIu64
+                     " ms; its pages are kept until the process exits",
+                     x->sid, (int)x->pid, s->cfg->lease_ms);
+        x->lease_expired = exp;
+    }
+}
+
+static void kvd_server_apply_config(kvd_server_t *s)
+{
+    kvd_log_set_level(s->cfg->log_level);
+    s->lim.max_alloc = (uint32_t)s->cfg->max_alloc;
+    s->lim.max_tokens = (uint32_t)s->cfg->max_tokens;
+    if (uv_is_active((uv_handle_t *)&s->epoch_timer))
+        uv_timer_set_repeat(&s->epoch_timer, s->cfg->epoch_ms);
+    if (uv_is_active((uv_handle_t *)&s->lease_timer))
+        uv_timer_set_repeat(&s->lease_timer, s->cfg->lease_ms / 4 ? s->cfg->lease_ms / 4 : 1);
+}
+
+/* ---- metrics ----------------------------------------------------------------------------- */
+static int kvd_render_metrics(void *ud, char **out)
+{
+    kvd_server_t *s = ud;
+    kvd_stats_t st;
+    kvd_core_stats(s->core, &st);
+    kvd_metrics_extra_t x;
+    memset(&x, 0, sizeof x);
+    uint64_t now = kvd_now_ns();
+    for (kvd_sess_t *p = s->sessions; p; p = p->next) {
+        x.sessions_connected++;
+        if ((now - p->last_ns) / 1000000u > s->cfg->lease_ms)
+            x.sessions_lease_expired++;
+    }
+    x.zap_admitted = s->zap.admitted;
+    x.zap_refused = s->zap.refused;
+    x.fd_handovers = s->fd_handovers;
+    x.fd_refused = s->fd_refused;
+    x.uptime_s = (now - s->start_ns) / 1000000000u;
+    x.draining = (uint64_t)s->draining;
+    double bytes = 0, tokens = 0;
+    const kvd_export_t *ex = kvd_core_export(s->core);
+    for (int f = 0; f < KV_FMT_COUNT; f++) {
+        bytes += (double)st.pages_referenced[f] * (double)st.page_bytes[f];
+        tokens += (double)st.pages_referenced[f] * ex->geom.page_tokens;
+    }
+    x.bytes_per_live_token = tokens > 0 ? bytes / tokens : 0;
+    return kvd_metrics_render(&s->metrics, &st, &x, out);
+}
+
+/* ---- init / shutdown --------------------------------------------------------------------- */
+static void kvd_close_if_open(uv_handle_t *h)
+{
+    if (h->loop && !uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+static void kvd_server_close_handles(kvd_server_t *s)
+{
+    kvd_close_if_open((uv_handle_t *)&s->router_poll);
+    kvd_close_if_open((uv_handle_t *)&s->fds_poll);
+    kvd_close_if_open((uv_handle_t *)&s->epoch_timer);
+    kvd_close_if_open((uv_handle_t *)&s->lease_timer);
+    kvd_close_if_open((uv_handle_t *)&s->zap.poll);
+    kvd_http_stop(&s->http);
+    for (kvd_sess_t *x = s->sessions; x; x = x->next)
+        kvd_close_if_open((uv_handle_t *)&x->poll);
+}
+
+static int kvd_prepare_ipc_dir(const char *path, char *err, size_t errlen)
+{
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return 0;
+    *slash = '\0';
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "mkdir(%s, 0700) failed: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (stat(dir, &st) == 0 && (st.st_mode & 077))
+        KVD_LOGW("endpoint directory %s is mode %03o: other users may reach the socket file "
+                 "(ZAP still checks their uid)", dir, (unsigned)(st.st_mode & 0777));
+    return 0;
+}
+
+int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char *err,
+                    size_t errlen)
+{
+    *out = NULL;
+    if (strncmp(cfg->endpoint, "ipc://", 6) != 0) {
+        snprintf(err, errlen, "endpoint '%s': only ipc:// is supported (peer credentials come "
+                 "from SO_PEERCRED)", cfg->endpoint);
+        return -1;
+    }
+    if (sodium_init() < 0) {
+        snprintf(err, errlen, "sodium_init failed");
+        return -1;
+    }
+    kvd_server_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s->loop = loop;
+    s->cfg = cfg;
+    s->fds_listen = -1;
+    s->start_ns = kvd_now_ns();
+    randombytes_buf(&s->instance, sizeof s->instance);
+    kvd_log_set_level(cfg->log_level);
+    if (kvd_admit_init(&s->admit, cfg->admit_uids, cfg->admit_gids) != 0) {
+        snprintf(err, errlen, "admit_uids/admit_gids: at most 64 numeric ids each");
+        goto fail;
+    }
+
+    kv_geom_t g = {.layers = (uint32_t)cfg->layers, .kv_heads = (uint32_t)cfg->kv_heads,
+                   .head_dim = (uint32_t)cfg->head_dim, .page_tokens = (uint32_t)cfg->page_tokens,
+                   .seed = cfg->seed};
+    kvd_core_opts_t o;
+    kvd_core_opts_default(&o, &g, (uint32_t)cfg->pages_fp8, (uint32_t)cfg->pages_tq3);
+    for (int f = 0; f < KV_FMT_COUNT; f++)
+        if (cfg->cache_quota && cfg->cache_quota < o.pages[f])
+            o.cache_quota_pages[f] = (uint32_t)cfg->cache_quota;
+    /* The namespace salt keys the chain hash; it is random per start because the cache is not
+     * persisted yet (a persisted cache will persist its salt with it). */
+    randombytes_buf(o.hash_key, sizeof o.hash_key);
+    o.backend = cfg->backend;
+    if (kvd_core_init(&s->core, &o, err, errlen) != KV_ERR_OK)
+        goto fail;
+    const kvd_export_t *ex = kvd_core_export(s->core);
+
+    kvp_limits_default(&s->lim);
+    s->lim.max_msg_bytes = cfg->max_msg_bytes;
+    s->lim.page_tokens = ex->geom.page_tokens;
+    s->lim.dir_entries = ex->dir_entries;
+    s->lim.max_pages = ex->dir_entries > 65536 ? ex->dir_entries : 65536;
+    kvd_server_apply_config(s);
+
+    snprintf(s->sock_path, sizeof s->sock_path, "%s", cfg->endpoint + 6);
+    if (snprintf(s->fds_path, sizeof s->fds_path, "%s.fds", s->sock_path) >=
+        (int)sizeof s->fds_path) {
+        snprintf(err, errlen, "endpoint path too long");
+        goto fail;
+    }
+    if (kvd_prepare_ipc_dir(s->sock_path, err, errlen) != 0)
+        goto fail;
+
+    s->zctx = zmq_ctx_new();
+    if (!s->zctx) {
+        snprintf(err, errlen, "zmq_ctx_new failed: %s", zmq_strerror(errno));
+        goto fail;
+    }
+    if (kvd_zap_start(&s->zap, s->zctx, loop, &s->admit, err, errlen) != 0)
+        goto fail;
+    s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
+    if (!s->router) {
+        snprintf(err, errlen, "zmq_socket(ROUTER) failed: %s", zmq_strerror(errno));
+        goto fail;
+    }
+    int zero = 0;
+    int64_t maxmsg = cfg->max_msg_bytes ? (int64_t)cfg->max_msg_bytes : -1;
+    zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s->router, ZMQ_SNDHWM, &zero, sizeof zero); /* never drop a reply */
+    zmq_setsockopt(s->router, ZMQ_RCVHWM, &zero, sizeof zero);
+    zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "kvd", 3);
+    if (zmq_bind(s->router, cfg->endpoint) != 0) {
+        snprintf(err, errlen, "zmq_bind(%s) failed: %s", cfg->endpoint, zmq_strerror(errno));
+        goto fail;
+    }
+    chmod(s->sock_path, 0600);
+    int zfd;
+    size_t zsz = sizeof zfd;
+    zmq_getsockopt(s->router, ZMQ_FD, &zfd, &zsz);
+    uv_poll_init(loop, &s->router_poll, zfd);
+    s->router_poll.data = s;
+    uv_poll_start(&s->router_poll, UV_READABLE, kvd_router_cb);
+
+    /* The fd socket comes last: its file appearing means the daemon is ready. */
+    s->fds_listen = kvd_fdpass_listen(s->fds_path, err, errlen);
+    if (s->fds_listen < 0)
+        goto fail;
+    uv_poll_init(loop, &s->fds_poll, s->fds_listen);
+    s->fds_poll.data = s;
+    uv_poll_start(&s->fds_poll, UV_READABLE, kvd_fds_cb);
+
+    uv_timer_init(loop, &s->epoch_timer);
+    s->epoch_timer.data = s;
+    uv_timer_start(&s->epoch_timer, kvd_epoch_cb, cfg->epoch_ms, cfg->epoch_ms);
+    uv_timer_init(loop, &s->lease_timer);
+    s->lease_timer.data = s;
+    uint64_t lt = cfg->lease_ms / 4 ? cfg->lease_ms / 4 : 1;
+    uv_timer_start(&s->lease_timer, kvd_lease_cb, lt, lt);
+    if (cfg->metrics_port &&
+        kvd_http_start(&s->http, loop, cfg->metrics_addr, (int)cfg->metrics_port,
+                       kvd_render_metrics, s, err, errlen) != 0)
+        goto fail;
+    KVD_LOGI("serving namespace '%s' on %s (backend %s, %u FP8 + %u TQ3 pages of %" PRIu64
+             " / %" PRIu64 " bytes, %u logical ids)%s",
+             cfg->namespace, cfg->endpoint, ex->backend, ex->pages[KV_FMT_FP8],
+             ex->pages[KV_FMT_TQ3], ex->page_bytes[KV_FMT_FP8], ex->page_bytes[KV_FMT_TQ3],
+             ex->dir_entries, cfg->metrics_port ? "; metrics on" : "");
+    *out = s;
+    return 0;
+fail:
+    /* close whatever handles were initialised (a calloc'd handle has loop == NULL), let one
+     * loop iteration run their close phase, then free */
+    kvd_server_close_handles(s);
+    uv_run(loop, UV_RUN_NOWAIT);
+    kvd_server_free(&s);
+    return -1;
+}
+
+void kvd_server_stop(kvd_server_t *s)
+{
+    if (!s || s->stopping)
+        return;
+    s->stopping = 1;
+    KVD_LOGI("stopping: %u sessions attached", s->nsessions);
+    kvd_server_close_handles(s);
+}
+
+void kvd_server_free(kvd_server_t **ps)
+{
+    if (!ps || !*ps)
+        return;
+    kvd_server_t *s = *ps;
+    /* Sessions still attached at shutdown: their processes live on, but this daemon's pools
+     * die with it; they will see UNAVAILABLE and a new instance on reconnect. */
+    while (s->sessions) {
+        kvd_sess_t *x = s->sessions;
+        s->sessions = x->next;
+        close(x->pidfd);
+        free(x);
+    }
+    if (s->router)
+        zmq_close(s->router);
+    kvd_zap_free(&s->zap);
+    if (s->zctx)
+        zmq_ctx_term(s->zctx);
+    if (s->fds_listen >= 0) {
+        close(s->fds_listen);
+        unlink(s->fds_path);
+    }
+    if (s->sock_path[0] && s->router)
+        unlink(s->sock_path);
+    kvd_core_free(&s->core);
+    ar_reset(s);
+    free(s->sendbuf);
+    free(s->lookup_buf);
+    free(s);
+    *ps = NULL;
+}
