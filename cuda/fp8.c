@@ -65,13 +65,13 @@ uint8_t kv_fp8_from_float(float x)
     uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
 
     if (a > 0x7F800000u)
-        return 0x7F;                 /* NaN, sign dropped as in CUDA */
-    if (a > 0x43E80000u)             /* > 464.0f, includes inf */
+        return 0x7F;     /* NaN, sign dropped as in CUDA */
+    if (a > 0x43E80000u) /* > 464.0f, includes inf */
         return (uint8_t)(sign | 0x7E);
-    if (a <= 0x3A800000u)            /* ≤ 2^-10: rounds to zero (the tie goes to even 0) */
+    if (a <= 0x3A800000u) /* ≤ 2^-10: rounds to zero (the tie goes to even 0) */
         return sign;
 
-    int e = (int)(a >> 23) - 127;    /* unbiased exponent, -10 ≤ e ≤ 8 here */
+    int e = (int)(a >> 23) - 127; /* unbiased exponent, -10 ≤ e ≤ 8 here */
     uint32_t code;
     if (e >= -6) {
         /* normal: keep 3 of 23 fraction bits. A rounding carry out of the mantissa lands in
@@ -107,12 +107,12 @@ uint16_t kv_half_from_float(float x)
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
 
     if (a > 0x7F800000u)
-        return 0x7FFF;                           /* NaN → canonical NaN, as __float2half_rn */
+        return 0x7FFF; /* NaN → canonical NaN, as __float2half_rn */
     if (a == 0x7F800000u)
-        return (uint16_t)(sign | 0x7C00u);       /* ±inf */
-    if (a >= 0x477FF000u)                        /* ≥ 65520 = max + half ulp: ties to even inf */
+        return (uint16_t)(sign | 0x7C00u); /* ±inf */
+    if (a >= 0x477FF000u)                  /* ≥ 65520 = max + half ulp: ties to even inf */
         return (uint16_t)(sign | 0x7C00u);
-    if (a <= 0x33000000u)                        /* ≤ 2^-25: half the min subnormal → ±0 */
+    if (a <= 0x33000000u) /* ≤ 2^-25: half the min subnormal → ±0 */
         return sign;
     int e = (int)(a >> 23) - 127;
     uint32_t h;

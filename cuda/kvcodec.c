@@ -177,8 +177,8 @@ static int measure_nmse(const kv_geom_t *g, uint64_t seed, int outliers, nmse_t 
                         rc |= kv_page_decode_block(g, (kv_fmt_t)f, page, l, kind, h, blk);
                         for (uint32_t t = 0; t < g->page_tokens; t++) {
                             uint64_t tok = (uint64_t)p * g->page_tokens + t;
-                            const float *x = (kind ? v : k) + l * per_layer +
-                                             (tok * g->kv_heads + h) * d;
+                            const float *x =
+                                (kind ? v : k) + l * per_layer + (tok * g->kv_heads + h) * d;
                             for (uint32_t i = 0; i < d; i++) {
                                 double diff = (double)x[i] - blk[(uint64_t)t * d + i];
                                 e[f][kind] += diff * diff;
@@ -267,8 +267,13 @@ static int measure_attention(const opts_t *o, attn_res_t *res)
     uint32_t *ids = xcalloc(npages, sizeof *ids), indptr[2] = {0, npages}, seq_len[1] = {n};
     for (uint32_t p = 0; p < npages; p++)
         ids[p] = p;
-    kv_attn_batch_t b = {.batch = 1, .q_heads = H, .layer = 0, .sm_scale = 1.0f / sqrtf((float)d),
-                         .page_indptr = indptr, .page_ids = ids, .seq_len = seq_len};
+    kv_attn_batch_t b = {.batch = 1,
+                         .q_heads = H,
+                         .layer = 0,
+                         .sm_scale = 1.0f / sqrtf((float)d),
+                         .page_indptr = indptr,
+                         .page_ids = ids,
+                         .seq_len = seq_len};
     const uint32_t splits = 4, parts = kv_attn_num_parts(1, splits);
     float *pm = xcalloc((uint64_t)parts * H, 4), *pl = xcalloc((uint64_t)parts * H, 4);
     float *po = xcalloc((uint64_t)parts * H * d, 4), *out = xcalloc((uint64_t)H * d, 4);
@@ -454,8 +459,9 @@ static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, 
     errno = 0;
     unsigned long long x = s ? strtoull(s, &end, 0) : 0;
     if (!s || !*s || *s == '-' || errno || *end || x < lo || x > hi) {
-        fprintf(stderr, "kvcodec: %s: expected an integer in [%" PRIu64 ", %" PRIu64 "], got '%s'\n",
-                name, lo, hi, s ? s : "");
+        fprintf(stderr,
+                "kvcodec: %s: expected an integer in [%" PRIu64 ", %" PRIu64 "], got '%s'\n", name,
+                lo, hi, s ? s : "");
         return -1;
     }
     *out = x;
@@ -494,8 +500,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
             if (parse_u64(name, val, 64, 256, &v))
                 return -1;
             if (v != 64 && v != 128 && v != 256) {
-                fprintf(stderr, "kvcodec: --head-dim must be 64, 128 or 256, got %" PRIu64 "\n",
-                        v);
+                fprintf(stderr, "kvcodec: --head-dim must be 64, 128 or 256, got %" PRIu64 "\n", v);
                 return -1;
             }
             o->g.head_dim = (uint32_t)v;

@@ -46,16 +46,14 @@ static void fp8_block_put(const kv_geom_t *g, uint8_t *blk, uint32_t t, const fl
     uint64_t d = g->head_dim;
     float s;
     kv_fp8_encode_row(g->head_dim, x, blk + t * d, &s);
-    memcpy(blk + kv_block_meta_offset(g, KV_FMT_FP8) + (uint64_t)t * sizeof(float), &s,
-           sizeof s);
+    memcpy(blk + kv_block_meta_offset(g, KV_FMT_FP8) + (uint64_t)t * sizeof(float), &s, sizeof s);
 }
 
 static void fp8_block_get(const kv_geom_t *g, const uint8_t *blk, uint32_t t, float *x)
 {
     uint64_t d = g->head_dim;
     float s;
-    memcpy(&s, blk + kv_block_meta_offset(g, KV_FMT_FP8) + (uint64_t)t * sizeof(float),
-           sizeof s);
+    memcpy(&s, blk + kv_block_meta_offset(g, KV_FMT_FP8) + (uint64_t)t * sizeof(float), sizeof s);
     kv_fp8_decode_row(g->head_dim, blk + t * d, s, x);
 }
 

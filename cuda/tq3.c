@@ -39,10 +39,10 @@
 #include <string.h>
 
 /* Macros, not an enum: they are compared in #if. */
-#define TQ3_GAMMA_NORM 0
-#define TQ3_GAMMA_LSQ 1
+#define TQ3_GAMMA_NORM   0
+#define TQ3_GAMMA_LSQ    1
 #define TQ3_GAMMA_DEBIAS 2
-#define TQ3_GAMMA TQ3_GAMMA_LSQ
+#define TQ3_GAMMA        TQ3_GAMMA_LSQ
 
 static const float tq3_centroid[KV_TQ3_LEVELS] = KV_TQ3_CENTROIDS_INIT;
 

@@ -122,18 +122,18 @@ static void test_fp8_midpoints(void **state)
     assert_int_equal(kv_fp8_from_float(0x1p-10f), 0x00);
     assert_int_equal(kv_fp8_from_float(nextafterf(0x1p-10f, 1.0f)), 0x01);
     assert_int_equal(kv_fp8_from_float(-0x1p-10f), 0x80);
-    assert_int_equal(kv_fp8_from_float(3 * 0x1p-10f), 0x02);      /* 1.5 ulp → even 2 */
-    assert_int_equal(kv_fp8_from_float(15 * 0x1p-10f), 0x08);     /* 7.5 → 8 = min normal */
+    assert_int_equal(kv_fp8_from_float(3 * 0x1p-10f), 0x02);  /* 1.5 ulp → even 2 */
+    assert_int_equal(kv_fp8_from_float(15 * 0x1p-10f), 0x08); /* 7.5 → 8 = min normal */
     assert_int_equal(kv_fp8_from_float(FLT_TRUE_MIN), 0x00);
     assert_int_equal(kv_fp8_from_float(-FLT_TRUE_MIN), 0x80);
-    assert_int_equal(kv_fp8_from_float(15.5f), 0x58);             /* carry into the exponent */
+    assert_int_equal(kv_fp8_from_float(15.5f), 0x58); /* carry into the exponent */
 }
 
 static void test_fp8_saturation_and_specials(void **state)
 {
     (void)state;
-    const float big[] = {448.0f, 449.0f, 460.0f, 464.0f, nextafterf(464.0f, INFINITY),
-                         1000.0f, 1e30f, FLT_MAX, INFINITY};
+    const float big[] = {448.0f,  449.0f, 460.0f,  464.0f,  nextafterf(464.0f, INFINITY),
+                         1000.0f, 1e30f,  FLT_MAX, INFINITY};
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
         assert_int_equal(kv_fp8_from_float(big[i]), 0x7E);
         assert_int_equal(kv_fp8_from_float(-big[i]), 0xFE);

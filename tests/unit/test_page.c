@@ -171,19 +171,18 @@ static void test_page_append_decode(void **state)
                 for (uint32_t l = 0; l < f.g.layers; l++) {
                     for (int kind = 0; kind <= 1; kind++) {
                         for (uint32_t h = 0; h < f.g.kv_heads; h++) {
-                            assert_int_equal(kv_page_decode_block(&f.g, KV_FMT_FP8, page, l,
-                                                                  kind, h, out),
-                                             KVK_OK);
+                            assert_int_equal(
+                                kv_page_decode_block(&f.g, KV_FMT_FP8, page, l, kind, h, out),
+                                KVK_OK);
                             const uint8_t *blk =
                                 page + kv_block_offset(&f.g, KV_FMT_FP8, l, kind, h);
                             for (uint32_t s = 0; s < T; s++) {
-                                const float *x = src_row(&f, kind ? f.v : f.k, l,
-                                                         token_at(T, p, s), h);
+                                const float *x =
+                                    src_row(&f, kind ? f.v : f.k, l, token_at(T, p, s), h);
                                 float sc, stored;
                                 kv_fp8_encode_row(d, x, code, &sc);
                                 kv_fp8_decode_row(d, code, sc, want);
-                                assert_memory_equal(out + (uint64_t)s * d, want,
-                                                    d * sizeof(float));
+                                assert_memory_equal(out + (uint64_t)s * d, want, d * sizeof(float));
                                 /* raw layout: codes row s, then scale[s] at the meta offset */
                                 assert_memory_equal(blk + (uint64_t)s * d, code, d);
                                 memcpy(&stored,
@@ -290,7 +289,8 @@ static void test_page_retier_quality(void **state)
         kv_pools_t pools = {.base = {fp8, NULL}, .pages = {1, 0}};
         kv_dir_entry_t dir[1] = {kv_dir_make(0, KV_FMT_FP8, KV_DIR_VALID, 0)};
         uint32_t n = g.page_tokens, sp[16], si[16];
-        float *k = malloc((size_t)n * g.kv_heads * d * 4), *v = malloc((size_t)n * g.kv_heads * d * 4);
+        float *k = malloc((size_t)n * g.kv_heads * d * 4),
+              *v = malloc((size_t)n * g.kv_heads * d * 4);
         for (uint32_t l = 0; l < g.layers; l++) {
             for (uint32_t t = 0; t < n; t++) {
                 sp[t] = 0;
@@ -351,14 +351,14 @@ static void test_page_invalid_args(void **state)
     assert_int_equal(APPEND(g, NULL, f.dir, DIRLEN, 0), KVK_EINVAL);
     assert_int_equal(APPEND(g, &f.pools, NULL, DIRLEN, 0), KVK_EINVAL);
     assert_int_equal(APPEND(g, &f.pools, f.dir, DIRLEN, 2), KVK_EINVAL); /* layer */
-    si[1] = 7; /* slot ≥ page_tokens */
+    si[1] = 7;                                                           /* slot ≥ page_tokens */
     assert_int_equal(APPEND(g, &f.pools, f.dir, DIRLEN, 0), KVK_EINVAL);
     si[1] = 6;
     sp[1] = DIRLEN; /* logical id ≥ dir_len */
     assert_int_equal(APPEND(g, &f.pools, f.dir, DIRLEN, 0), KVK_EINVAL);
     sp[1] = 1;
     assert_int_equal(APPEND(g, &f.pools, f.dir, 1, 0), KVK_EINVAL); /* dir_len cuts id 1 */
-    sp[1] = 3; /* unmapped entry */
+    sp[1] = 3;                                                      /* unmapped entry */
     assert_int_equal(APPEND(g, &f.pools, f.dir, DIRLEN, 0), KVK_EINVAL);
     sp[1] = 4; /* mapped TQ3 */
     assert_int_equal(APPEND(g, &f.pools, f.dir, DIRLEN, 0), KVK_EINVAL);

@@ -125,8 +125,8 @@ static void test_tq3_quality(void **state)
         uint32_t d = dims[k];
         double kg = tq3_nmse(d, 0, 0, 2000, 0x51 + k), vg = tq3_nmse(d, 1, 0, 2000, 0x61 + k);
         double ko = tq3_nmse(d, 0, 4, 2000, 0x71 + k), vo = tq3_nmse(d, 1, 4, 2000, 0x81 + k);
-        print_message("d=%u  key NMSE %.4f (outliers %.4f)  value NMSE %.4f (outliers %.4f)\n",
-                      d, kg, ko, vg, vo);
+        print_message("d=%u  key NMSE %.4f (outliers %.4f)  value NMSE %.4f (outliers %.4f)\n", d,
+                      kg, ko, vg, vo);
         assert_true(kg <= 0.036);
         assert_true(vg <= (d <= 128 ? 0.05 : 0.06));
         assert_true(ko <= 1.5 * kg);
@@ -280,12 +280,9 @@ static void test_tq3_degenerate(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tq3_pack_roundtrip),
-        cmocka_unit_test(test_tq3_plane_layout),
-        cmocka_unit_test(test_tq3_quality),
-        cmocka_unit_test(test_tq3_key_contract),
-        cmocka_unit_test(test_tq3_key_tie_goes_up),
-        cmocka_unit_test(test_tq3_value_contract),
+        cmocka_unit_test(test_tq3_pack_roundtrip),  cmocka_unit_test(test_tq3_plane_layout),
+        cmocka_unit_test(test_tq3_quality),         cmocka_unit_test(test_tq3_key_contract),
+        cmocka_unit_test(test_tq3_key_tie_goes_up), cmocka_unit_test(test_tq3_value_contract),
         cmocka_unit_test(test_tq3_degenerate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
