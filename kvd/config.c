@@ -164,8 +164,9 @@ int kvd_config_set(kvd_config_t *c, const char *key, const char *value, int runt
         if (kvd_config_ids(value, NULL, 0) < 0)
             return kvd_cfg_err(err, cap, "'%s' wants comma separated numeric ids, got '%s'", key,
                                value);
-        /* fall through: stored as text */
-    case KVD_CT_STR: {
+        goto store; /* stored as text, like STR */
+    case KVD_CT_STR:
+    store: {
         if (d->type == KVD_CT_STR && d->choices[0] && !kvd_cfg_in_choices(d->choices, value))
             return kvd_cfg_err(err, cap, "'%s' must be one of %s, got '%s'", key, d->choices,
                                value);

@@ -1,0 +1,698 @@
+/* kvc.c — libkvc. See kvc.h for the contract.
+ *
+ * Wire: one DEALER socket; a request is one frame holding a packed Kvd__Request (no empty
+ * delimiter: docs/protocol.md, "Framing"). Replies are matched by id; early replies to other
+ * ids wait in a small list (`stash`) until kvc_recv() asks for them, which is what makes
+ * pipelining order-free for the caller.
+ *
+ * Admission failure: with the NULL mechanism a refused peer's connection is just closed by the
+ * daemon after the ZAP handler says 400, so a plain recv would only time out. A socket monitor
+ * (inproc PAIR) reports ZMQ_EVENT_HANDSHAKE_FAILED_AUTH, which turns that into an immediate,
+ * explained PERMISSION_DENIED.
+ *
+ * Fd handover: after hello, connect to the Unix socket named in HelloRep.fd_socket; the daemon
+ * checks our SO_PEERCRED pid against the session it just created and sends one message:
+ * 16 bytes ("KVDFDS01" + session id, little endian) with SCM_RIGHTS carrying the fds in
+ * PoolDesc.fd_index order. We map and close them at once.
+ */
+#include "kvc.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define KVC_MAX_FDS 8
+
+typedef struct kvc_stash_s {
+    Kvd__Reply *rep;
+    struct kvc_stash_s *next;
+} kvc_stash_t;
+
+struct kvc_s {
+    void *ctx, *sock, *mon;
+    int timeout_ms;
+    uint64_t next_id;
+    kvc_stash_t *stash;
+    char err[512];
+    int auth_failed;
+    /* session */
+    uint64_t session, epoch, instance;
+    uint32_t pid_seen;
+    kv_geom_t geom;
+    uint8_t *pool[KV_FMT_COUNT];
+    uint64_t pool_map_bytes[KV_FMT_COUNT], page_bytes[KV_FMT_COUNT];
+    uint32_t pool_pages[KV_FMT_COUNT];
+    kv_dir_entry_t *dir;
+    uint64_t dir_map_bytes;
+    uint32_t dir_entries;
+};
+
+static kv_err_t kvc_fail(kvc_t *c, kv_err_t e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+    return e;
+}
+
+const char *kvc_errmsg(const kvc_t *c)
+{
+    return c ? c->err : "no client";
+}
+
+kv_err_t kvc_connect(kvc_t **out, const char *endpoint, int timeout_ms)
+{
+    *out = NULL;
+    kvc_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return KV_ERR_NOMEM;
+    c->timeout_ms = timeout_ms > 0 ? timeout_ms : 5000;
+    c->next_id = 1;
+    c->ctx = zmq_ctx_new();
+    if (!c->ctx) {
+        free(c);
+        return KV_ERR_NOMEM;
+    }
+    c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
+    int linger = 0, hwm = 0;
+    if (!c->sock)
+        goto fail;
+    zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(c->sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(c->sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    char mon[64];
+    snprintf(mon, sizeof mon, "inproc://kvc-mon-%p", (void *)c);
+    if (zmq_socket_monitor(c->sock, mon, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
+        c->mon = zmq_socket(c->ctx, ZMQ_PAIR);
+        if (c->mon && zmq_connect(c->mon, mon) != 0) {
+            zmq_close(c->mon);
+            c->mon = NULL;
+        }
+        if (c->mon)
+            zmq_setsockopt(c->mon, ZMQ_LINGER, &linger, sizeof linger);
+    }
+    if (zmq_connect(c->sock, endpoint) != 0) {
+        kv_err_t e = KV_ERR_INVALID_ARGUMENT;
+        fprintf(stderr, "kvc: zmq_connect(%s) failed: %s\n", endpoint, zmq_strerror(errno));
+        kvc_close(&c);
+        return e;
+    }
+    *out = c;
+    return KV_ERR_OK;
+fail:
+    kvc_close(&c);
+    return KV_ERR_INTERNAL;
+}
+
+static void kvc_unmap(kvc_t *c)
+{
+    for (int f = 0; f < KV_FMT_COUNT; f++) {
+        if (c->pool[f])
+            munmap(c->pool[f], c->pool_map_bytes[f]);
+        c->pool[f] = NULL;
+    }
+    if (c->dir)
+        munmap(c->dir, c->dir_map_bytes);
+    c->dir = NULL;
+}
+
+void kvc_close(kvc_t **pc)
+{
+    if (!pc || !*pc)
+        return;
+    kvc_t *c = *pc;
+    while (c->stash) {
+        kvc_stash_t *s = c->stash;
+        c->stash = s->next;
+        kvd__reply__free_unpacked(s->rep, NULL);
+        free(s);
+    }
+    kvc_unmap(c);
+    if (c->mon) {
+        zmq_socket_monitor(c->sock, NULL, 0);
+        zmq_close(c->mon);
+    }
+    if (c->sock)
+        zmq_close(c->sock);
+    if (c->ctx)
+        zmq_ctx_term(c->ctx);
+    free(c);
+    *pc = NULL;
+}
+
+/* ---- send / receive ---------------------------------------------------------------------- */
+kv_err_t kvc_send_raw(kvc_t *c, const void *buf, size_t len)
+{
+    if (zmq_send(c->sock, buf, len, 0) < 0)
+        return kvc_fail(c, KV_ERR_UNAVAILABLE, "zmq_send failed: %s", zmq_strerror(errno));
+    return KV_ERR_OK;
+}
+
+kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id)
+{
+    req->version = KVP_VERSION;
+    req->id = c->next_id++;
+    size_t n = kvd__request__get_packed_size(req);
+    uint8_t stackbuf[4096];
+    uint8_t *buf = n <= sizeof stackbuf ? stackbuf : malloc(n);
+    if (!buf)
+        return kvc_fail(c, KV_ERR_NOMEM, "out of memory packing %zu bytes", n);
+    kvd__request__pack(req, buf);
+    kv_err_t e = kvc_send_raw(c, buf, n);
+    if (buf != stackbuf)
+        free(buf);
+    if (id)
+        *id = req->id;
+    return e;
+}
+
+static int64_t kvc_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void kvc_drain_monitor(kvc_t *c)
+{
+    zmq_msg_t m;
+    while (c->mon) {
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, c->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        if (zmq_msg_size(&m) >= 6) {
+            uint16_t ev;
+            uint32_t val;
+            memcpy(&ev, zmq_msg_data(&m), 2);
+            memcpy(&val, (uint8_t *)zmq_msg_data(&m) + 2, 4);
+            if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+                c->auth_failed = 1;
+                snprintf(c->err, sizeof c->err,
+                         "the daemon refused this peer (ZAP status %u): uid %u / gid %u is not in "
+                         "its admit_uids / admit_gids",
+                         val, (unsigned)getuid(), (unsigned)getgid());
+            }
+        }
+        int more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        if (more) { /* endpoint frame */
+            zmq_msg_init(&m);
+            zmq_msg_recv(&m, c->mon, ZMQ_DONTWAIT);
+            zmq_msg_close(&m);
+        }
+    }
+}
+
+/* Receive one reply frame (any id) within the deadline. */
+static kv_err_t kvc_recv_one(kvc_t *c, int64_t deadline, Kvd__Reply **rep)
+{
+    *rep = NULL;
+    for (;;) {
+        if (c->auth_failed)
+            return KV_ERR_PERMISSION_DENIED;
+        zmq_pollitem_t it[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {c->mon, 0, ZMQ_POLLIN, 0}};
+        int64_t left = deadline - kvc_now_ms();
+        if (left <= 0)
+            return kvc_fail(c, KV_ERR_TIMEOUT, "no reply from the daemon within %d ms",
+                            c->timeout_ms);
+        int r = zmq_poll(it, c->mon ? 2 : 1, (long)left);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return kvc_fail(c, KV_ERR_UNAVAILABLE, "zmq_poll failed: %s", zmq_strerror(errno));
+        }
+        if (c->mon && (it[1].revents & ZMQ_POLLIN)) {
+            kvc_drain_monitor(c);
+            continue;
+        }
+        if (!(it[0].revents & ZMQ_POLLIN))
+            continue;
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, c->sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            continue;
+        }
+        int more = zmq_msg_more(&m);
+        Kvd__Reply *r2 =
+            kvd__reply__unpack(NULL, zmq_msg_size(&m), (const uint8_t *)zmq_msg_data(&m));
+        zmq_msg_close(&m);
+        while (more) { /* a well-behaved daemon sends one frame; drop any extra */
+            zmq_msg_init(&m);
+            zmq_msg_recv(&m, c->sock, 0);
+            more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        if (!r2)
+            return kvc_fail(c, KV_ERR_MALFORMED, "the daemon's reply did not decode");
+        *rep = r2;
+        return KV_ERR_OK;
+    }
+}
+
+static kv_err_t kvc_reply_status(kvc_t *c, Kvd__Reply *r)
+{
+    kv_err_t e = kv_err_valid((int)r->status) ? (kv_err_t)r->status : KV_ERR_INTERNAL;
+    if (e != KV_ERR_OK)
+        snprintf(c->err, sizeof c->err, "%s: %s", kv_err_name((int)e),
+                 r->message && r->message[0] ? r->message : kv_err_msg((int)e));
+    else
+        c->err[0] = '\0';
+    return e;
+}
+
+kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
+{
+    *rep = NULL;
+    for (kvc_stash_t **pp = &c->stash; *pp; pp = &(*pp)->next) {
+        if ((*pp)->rep->id == id) {
+            kvc_stash_t *s = *pp;
+            *pp = s->next;
+            *rep = s->rep;
+            free(s);
+            return kvc_reply_status(c, *rep);
+        }
+    }
+    int64_t deadline = kvc_now_ms() + c->timeout_ms;
+    for (;;) {
+        Kvd__Reply *r;
+        kv_err_t e = kvc_recv_one(c, deadline, &r);
+        if (e != KV_ERR_OK)
+            return e;
+        if (r->id == id) {
+            *rep = r;
+            return kvc_reply_status(c, r);
+        }
+        kvc_stash_t *s = malloc(sizeof *s);
+        if (!s) {
+            kvd__reply__free_unpacked(r, NULL);
+            return kvc_fail(c, KV_ERR_NOMEM, "out of memory stashing a reply");
+        }
+        s->rep = r;
+        s->next = c->stash;
+        c->stash = s;
+    }
+}
+
+kv_err_t kvc_recv_any(kvc_t *c, Kvd__Reply **rep)
+{
+    *rep = NULL;
+    if (c->stash) {
+        kvc_stash_t *s = c->stash;
+        c->stash = s->next;
+        *rep = s->rep;
+        free(s);
+        return kvc_reply_status(c, *rep);
+    }
+    kv_err_t e = kvc_recv_one(c, kvc_now_ms() + c->timeout_ms, rep);
+    return e != KV_ERR_OK ? e : kvc_reply_status(c, *rep);
+}
+
+void kvc_reply_free(Kvd__Reply **rep)
+{
+    if (rep && *rep) {
+        kvd__reply__free_unpacked(*rep, NULL);
+        *rep = NULL;
+    }
+}
+
+kv_err_t kvc_call(kvc_t *c, Kvd__Request *req, Kvd__Reply **rep)
+{
+    uint64_t id;
+    *rep = NULL;
+    kv_err_t e = kvc_send(c, req, &id);
+    if (e != KV_ERR_OK)
+        return e;
+    return kvc_recv(c, id, rep);
+}
+
+/* ---- hello and the fd handover ----------------------------------------------------------- */
+static kv_err_t kvc_recv_fds(kvc_t *c, const char *path, int *fds, int *nfds)
+{
+    *nfds = 0;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof sa.sun_path)
+        return kvc_fail(c, KV_ERR_INVALID_ARGUMENT, "fd socket path too long: %s", path);
+    strcpy(sa.sun_path, path);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return kvc_fail(c, KV_ERR_IO, "socket(AF_UNIX) failed: %s", strerror(errno));
+    struct timeval tv = {.tv_sec = c->timeout_ms / 1000, .tv_usec = (c->timeout_ms % 1000) * 1000};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(s, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        int en = errno;
+        close(s);
+        return kvc_fail(c, KV_ERR_UNAVAILABLE, "connect(%s) failed: %s", path, strerror(en));
+    }
+    uint8_t hdr[16];
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * KVC_MAX_FDS)];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {.iov_base = hdr, .iov_len = sizeof hdr};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                        .msg_controllen = sizeof u.buf};
+    ssize_t n;
+    do
+        n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    while (n < 0 && errno == EINTR);
+    int en = errno;
+    close(s);
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < k && *nfds < KVC_MAX_FDS; i++)
+                memcpy(&fds[(*nfds)++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+        }
+    }
+    if (n != (ssize_t)sizeof hdr || memcmp(hdr, "KVDFDS01", 8) != 0) {
+        for (int i = 0; i < *nfds; i++)
+            close(fds[i]);
+        *nfds = 0;
+        if (n < 0)
+            return kvc_fail(c, KV_ERR_IO, "recvmsg(%s) failed: %s", path, strerror(en));
+        return kvc_fail(c, KV_ERR_PERMISSION_DENIED,
+                        "the daemon sent no fds on %s (peer pid not matched to a session?)", path);
+    }
+    uint64_t sid = 0;
+    for (int i = 0; i < 8; i++)
+        sid |= (uint64_t)hdr[8 + i] << (8 * i);
+    if (sid != c->session) {
+        for (int i = 0; i < *nfds; i++)
+            close(fds[i]);
+        *nfds = 0;
+        return kvc_fail(c, KV_ERR_INTERNAL, "fd handover for session %llu, expected %llu",
+                        (unsigned long long)sid, (unsigned long long)c->session);
+    }
+    return KV_ERR_OK;
+}
+
+static kv_err_t kvc_map(kvc_t *c, const Kvd__HelloRep *h)
+{
+    int fds[KVC_MAX_FDS];
+    int nfds;
+    kv_err_t e = kvc_recv_fds(c, h->fd_socket, fds, &nfds);
+    if (e != KV_ERR_OK)
+        return e;
+    for (size_t i = 0; i < h->n_pools && e == KV_ERR_OK; i++) {
+        const Kvd__PoolDesc *p = h->pools[i];
+        if (p->fd_index >= (uint32_t)nfds || p->bytes == 0) {
+            e = kvc_fail(c, KV_ERR_MALFORMED, "pool descriptor %zu names fd %u of %d", i,
+                         p->fd_index, nfds);
+            break;
+        }
+        int dir = p->kind == KVD__POOL_DESC__KIND__KIND_DIRECTORY;
+        void *m = mmap(NULL, p->bytes, dir ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED,
+                       fds[p->fd_index], 0);
+        if (m == MAP_FAILED) {
+            e = kvc_fail(c, KV_ERR_IO, "mmap(%s, %llu bytes) failed: %s",
+                         dir ? "directory" : "pool", (unsigned long long)p->bytes,
+                         strerror(errno));
+            break;
+        }
+        if (dir) {
+            c->dir = m;
+            c->dir_map_bytes = p->bytes;
+            c->dir_entries = p->pages;
+        } else if ((unsigned)p->format < KV_FMT_COUNT && !c->pool[p->format]) {
+            c->pool[p->format] = m;
+            c->pool_map_bytes[p->format] = p->bytes;
+            c->pool_pages[p->format] = p->pages;
+            c->page_bytes[p->format] = p->page_bytes;
+        } else {
+            munmap(m, p->bytes);
+        }
+    }
+    for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+    if (e != KV_ERR_OK)
+        kvc_unmap(c);
+    return e;
+}
+
+kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, int map)
+{
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__HelloReq h = KVD__HELLO_REQ__INIT;
+    req.body_case = KVD__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    h.namespace_ = (char *)(namespace_ ? namespace_ : "");
+    h.client_name = (char *)(client_name ? client_name : "");
+    h.pid = (uint32_t)getpid();
+    Kvd__Reply *rep;
+    kv_err_t e = kvc_call(c, &req, &rep);
+    if (e != KV_ERR_OK) {
+        kvc_reply_free(&rep);
+        return e;
+    }
+    if (rep->body_case != KVD__REPLY__BODY_HELLO || !rep->hello->geometry) {
+        kvc_reply_free(&rep);
+        return kvc_fail(c, KV_ERR_MALFORMED, "hello reply without a body");
+    }
+    const Kvd__HelloRep *hr = rep->hello;
+    c->session = hr->session_id;
+    c->epoch = hr->epoch;
+    c->instance = hr->instance;
+    c->pid_seen = hr->pid;
+    c->geom.layers = hr->geometry->layers;
+    c->geom.kv_heads = hr->geometry->kv_heads;
+    c->geom.head_dim = hr->geometry->head_dim;
+    c->geom.page_tokens = hr->geometry->page_tokens;
+    c->geom.seed = hr->geometry->seed;
+    if (map)
+        e = kvc_map(c, hr);
+    kvc_reply_free(&rep);
+    return e;
+}
+
+uint64_t kvc_session_id(const kvc_t *c)
+{
+    return c->session;
+}
+uint32_t kvc_pid_seen(const kvc_t *c)
+{
+    return c->pid_seen;
+}
+uint64_t kvc_epoch(const kvc_t *c)
+{
+    return c->epoch;
+}
+const kv_geom_t *kvc_geom(const kvc_t *c)
+{
+    return &c->geom;
+}
+uint32_t kvc_pool_pages(const kvc_t *c, kv_fmt_t f)
+{
+    return (unsigned)f < KV_FMT_COUNT ? c->pool_pages[f] : 0;
+}
+uint64_t kvc_page_bytes(const kvc_t *c, kv_fmt_t f)
+{
+    return (unsigned)f < KV_FMT_COUNT ? c->page_bytes[f] : 0;
+}
+uint8_t *kvc_pool_base(const kvc_t *c, kv_fmt_t f)
+{
+    return (unsigned)f < KV_FMT_COUNT ? c->pool[f] : NULL;
+}
+const volatile kv_dir_entry_t *kvc_directory(const kvc_t *c)
+{
+    return c->dir;
+}
+uint32_t kvc_dir_entries(const kvc_t *c)
+{
+    return c->dir_entries;
+}
+
+uint8_t *kvc_page_ptr(const kvc_t *c, uint32_t page)
+{
+    if (!c->dir || page >= c->dir_entries)
+        return NULL;
+    kv_dir_entry_t e = __atomic_load_n(&c->dir[page], __ATOMIC_ACQUIRE);
+    if (!(kv_dir_flags(e) & KV_DIR_VALID))
+        return NULL;
+    kv_fmt_t f = kv_dir_fmt(e);
+    uint32_t phys = kv_dir_phys(e);
+    if ((unsigned)f >= KV_FMT_COUNT || !c->pool[f] || phys >= c->pool_pages[f])
+        return NULL;
+    return c->pool[f] + (uint64_t)phys * c->page_bytes[f];
+}
+
+/* ---- typed calls ------------------------------------------------------------------------- */
+#define KVC_REQ(body_, field_, type_, init_)                                                       \
+    Kvd__Request req = KVD__REQUEST__INIT;                                                         \
+    type_ body = init_;                                                                            \
+    req.body_case = KVD__REQUEST__BODY_##body_;                                                    \
+    req.field_ = &body
+
+static kv_err_t kvc_expect(kvc_t *c, Kvd__Reply *rep, int body_case)
+{
+    if ((int)rep->body_case != body_case)
+        return kvc_fail(c, KV_ERR_MALFORMED, "reply %llu has body %d, expected %d",
+                        (unsigned long long)rep->id, (int)rep->body_case, body_case);
+    return KV_ERR_OK;
+}
+
+kv_err_t kvc_alloc_send(kvc_t *c, kv_fmt_t f, uint32_t n, uint64_t *id)
+{
+    KVC_REQ(ALLOC, alloc, Kvd__AllocReq, KVD__ALLOC_REQ__INIT);
+    body.count = n;
+    body.format = (Kvd__Format)f;
+    return kvc_send(c, &req, id);
+}
+
+kv_err_t kvc_alloc_recv(kvc_t *c, uint64_t id, uint32_t n, uint32_t *pages)
+{
+    Kvd__Reply *rep;
+    kv_err_t e = kvc_recv(c, id, &rep);
+    if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_ALLOC)) == KV_ERR_OK) {
+        if (rep->alloc->n_pages != n)
+            e = kvc_fail(c, KV_ERR_MALFORMED, "alloc of %u returned %zu pages", n,
+                         rep->alloc->n_pages);
+        else
+            memcpy(pages, rep->alloc->pages, n * sizeof *pages);
+    }
+    kvc_reply_free(&rep);
+    return e;
+}
+
+kv_err_t kvc_alloc(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t *pages)
+{
+    uint64_t id;
+    kv_err_t e = kvc_alloc_send(c, f, n, &id);
+    return e != KV_ERR_OK ? e : kvc_alloc_recv(c, id, n, pages);
+}
+
+kv_err_t kvc_seal(kvc_t *c, uint32_t page, uint32_t prev, const uint32_t *tokens, size_t n,
+                  const void *extra, size_t extra_len, uint32_t *out_page)
+{
+    KVC_REQ(SEAL, seal, Kvd__SealReq, KVD__SEAL_REQ__INIT);
+    body.page = page;
+    body.has_prev = prev != KVP_NO_PAGE;
+    body.prev = prev != KVP_NO_PAGE ? prev : 0;
+    body.tokens = (uint32_t *)tokens;
+    body.n_tokens = n;
+    body.extra.data = (uint8_t *)extra;
+    body.extra.len = extra ? extra_len : 0;
+    Kvd__Reply *rep;
+    kv_err_t e = kvc_call(c, &req, &rep);
+    if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_SEAL)) == KV_ERR_OK &&
+        out_page)
+        *out_page = rep->seal->page;
+    kvc_reply_free(&rep);
+    return e;
+}
+
+kv_err_t kvc_lookup_send(kvc_t *c, const uint32_t *tokens, size_t n, int peek, uint64_t *id)
+{
+    KVC_REQ(LOOKUP, lookup, Kvd__LookupReq, KVD__LOOKUP_REQ__INIT);
+    body.tokens = (uint32_t *)tokens;
+    body.n_tokens = n;
+    body.peek = peek != 0;
+    return kvc_send(c, &req, id);
+}
+
+kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extra,
+                    size_t extra_len, int peek, uint32_t *pages, size_t cap, size_t *npages,
+                    uint32_t *tokens_matched)
+{
+    KVC_REQ(LOOKUP, lookup, Kvd__LookupReq, KVD__LOOKUP_REQ__INIT);
+    body.tokens = (uint32_t *)tokens;
+    body.n_tokens = n;
+    body.peek = peek != 0;
+    body.extra.data = (uint8_t *)extra;
+    body.extra.len = extra ? extra_len : 0;
+    Kvd__Reply *rep;
+    *npages = 0;
+    kv_err_t e = kvc_call(c, &req, &rep);
+    if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_LOOKUP)) == KV_ERR_OK) {
+        size_t k = rep->lookup->n_pages;
+        if (k > cap) {
+            /* keep the reference accounting honest: hand back what we cannot return */
+            if (!peek)
+                kvc_release(c, rep->lookup->pages + cap, k - cap);
+            k = cap;
+        }
+        memcpy(pages, rep->lookup->pages, k * sizeof *pages);
+        *npages = k;
+        if (tokens_matched)
+            *tokens_matched = rep->lookup->tokens_matched;
+    }
+    kvc_reply_free(&rep);
+    return e;
+}
+
+kv_err_t kvc_release_send(kvc_t *c, const uint32_t *pages, size_t n, uint64_t *id)
+{
+    KVC_REQ(RELEASE, release, Kvd__ReleaseReq, KVD__RELEASE_REQ__INIT);
+    body.pages = (uint32_t *)pages;
+    body.n_pages = n;
+    return kvc_send(c, &req, id);
+}
+
+kv_err_t kvc_release(kvc_t *c, const uint32_t *pages, size_t n)
+{
+    uint64_t id;
+    kv_err_t e = kvc_release_send(c, pages, n, &id);
+    if (e != KV_ERR_OK)
+        return e;
+    Kvd__Reply *rep;
+    e = kvc_recv(c, id, &rep);
+    kvc_reply_free(&rep);
+    return e;
+}
+
+kv_err_t kvc_seq_open(kvc_t *c, const char *tag, uint64_t *seq)
+{
+    KVC_REQ(SEQ_OPEN, seq_open, Kvd__SeqOpenReq, KVD__SEQ_OPEN_REQ__INIT);
+    body.tag = (char *)(tag ? tag : "");
+    Kvd__Reply *rep;
+    kv_err_t e = kvc_call(c, &req, &rep);
+    if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_SEQ_OPEN)) == KV_ERR_OK)
+        *seq = rep->seq_open->seq_id;
+    kvc_reply_free(&rep);
+    return e;
+}
+
+kv_err_t kvc_seq_append(kvc_t *c, uint64_t seq, const uint32_t *pages, size_t n)
+{
+    KVC_REQ(SEQ_APPEND, seq_append, Kvd__SeqAppendReq, KVD__SEQ_APPEND_REQ__INIT);
+    body.seq_id = seq;
+    body.pages = (uint32_t *)pages;
+    body.n_pages = n;
+    Kvd__Reply *rep;
+    kv_err_t e = kvc_call(c, &req, &rep);
+    kvc_reply_free(&rep);
+    return e;
+}
+
+kv_err_t kvc_seq_close(kvc_t *c, uint64_t seq)
+{
+    KVC_REQ(SEQ_CLOSE, seq_close, Kvd__SeqCloseReq, KVD__SEQ_CLOSE_REQ__INIT);
+    body.seq_id = seq;
+    Kvd__Reply *rep;
+    kv_err_t e = kvc_call(c, &req, &rep);
+    kvc_reply_free(&rep);
+    return e;
+}
+
+kv_err_t kvc_heartbeat(kvc_t *c, uint64_t completed_epoch)
+{
+    KVC_REQ(HEARTBEAT, heartbeat, Kvd__HeartbeatReq, KVD__HEARTBEAT_REQ__INIT);
+    body.completed_epoch = completed_epoch;
+    Kvd__Reply *rep;
+    kv_err_t e = kvc_call(c, &req, &rep);
+    if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_HEARTBEAT)) == KV_ERR_OK)
+        c->epoch = rep->heartbeat->epoch;
+    kvc_reply_free(&rep);
+    return e;
+}

@@ -1,0 +1,103 @@
+/* kvc.h — libkvc: the client side of the kvd control protocol.
+ *
+ * What an engine worker (or kvctl) does with it:
+ *
+ *     kvc_t *c;
+ *     kvc_connect(&c, "ipc:///run/kvd/kvd.sock", 5000);   // DEALER socket, no I/O yet
+ *     kvc_hello(c, "default", "worker-0");                 // session + fds + mmap
+ *     kvc_alloc(c, KV_FMT_FP8, 4, pages);                  // typed, synchronous
+ *     uint8_t *p = kvc_page_ptr(c, pages[0]);              // write KV in place
+ *     kvc_seal(c, pages[0], KVP_NO_PAGE, tokens, n, NULL, 0, &sealed);
+ *     kvc_close(&c);
+ *
+ * Pipelining: kvc_send() any number of requests (each gets an id), then kvc_recv(id) in any
+ * order; replies that arrive for other ids are kept until asked for. The typed calls are
+ * send + recv of one request.
+ *
+ * Errors: every call returns a kv_err_t (proto/kv_err.h); kvc_errmsg() is the daemon's human
+ * message for the last failed call (or libkvc's own, for TIMEOUT / UNAVAILABLE /
+ * PERMISSION_DENIED detected locally). A peer the daemon's ZAP handler refuses gets
+ * PERMISSION_DENIED from the first call, detected through the socket monitor's
+ * HANDSHAKE_FAILED_AUTH event rather than a timeout.
+ *
+ * Memory: after kvc_hello() the pools are mapped READ-WRITE (the engine writes pages in place)
+ * and the page directory READ-ONLY (only the daemon writes it). Mappings live until
+ * kvc_close(). Closing the connection does NOT free the session's pages: the daemon reclaims
+ * them when this process exits (DESIGN.md, "Ownership").
+ *
+ * Thread rule: one kvc_t per thread (ZeroMQ sockets are not thread-safe).
+ */
+#ifndef KVC_H
+#define KVC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_err.h"
+#include "kv_format.h"
+#include "kvproto.h"
+
+typedef struct kvc_s kvc_t;
+
+/* Create the DEALER socket and connect (asynchronous in ZeroMQ: errors surface on the first
+ * call). timeout_ms bounds every later call (≤ 0: 5000). */
+kv_err_t kvc_connect(kvc_t **out, const char *endpoint, int timeout_ms);
+/* Close the socket, unmap, free; *c = NULL. NULL-safe. */
+void kvc_close(kvc_t **c);
+/* The daemon's (or libkvc's) message for the last failed call; "" after success. */
+const char *kvc_errmsg(const kvc_t *c);
+
+/* Hello: open a session, receive the fds over the side socket and map them. namespace_ NULL:
+ * the daemon's namespace. map = 0 skips the fd handover (kvctl never maps). */
+kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, int map);
+uint64_t kvc_session_id(const kvc_t *c);
+uint32_t kvc_pid_seen(const kvc_t *c); /* the pid the daemon saw for us */
+uint64_t kvc_epoch(const kvc_t *c);    /* latest daemon epoch seen */
+const kv_geom_t *kvc_geom(const kvc_t *c);
+uint32_t kvc_pool_pages(const kvc_t *c, kv_fmt_t f);
+uint64_t kvc_page_bytes(const kvc_t *c, kv_fmt_t f);
+uint8_t *kvc_pool_base(const kvc_t *c, kv_fmt_t f);
+const volatile kv_dir_entry_t *kvc_directory(const kvc_t *c);
+uint32_t kvc_dir_entries(const kvc_t *c);
+/* Address of logical page `page` in this process's mapping, resolved through the directory;
+ * NULL when unmapped, out of range or not valid. */
+uint8_t *kvc_page_ptr(const kvc_t *c, uint32_t page);
+
+/* ---- pipelining -------------------------------------------------------------------------- */
+/* Fill version and a fresh id, pack and send. req stays owned by the caller. */
+kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id);
+/* Wait for the reply to id. On KV_ERR_OK or on a daemon error status, *rep is the reply (free
+ * with kvc_reply_free) and the return value is its status; on a local failure (TIMEOUT,
+ * MALFORMED reply, PERMISSION_DENIED) *rep is NULL. */
+kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep);
+/* Send raw bytes as one request (tests of malformed input). */
+kv_err_t kvc_send_raw(kvc_t *c, const void *buf, size_t len);
+/* Wait for the next reply whatever its id. */
+kv_err_t kvc_recv_any(kvc_t *c, Kvd__Reply **rep);
+kv_err_t kvc_call(kvc_t *c, Kvd__Request *req, Kvd__Reply **rep);
+void kvc_reply_free(Kvd__Reply **rep);
+
+/* ---- typed calls (synchronous) ----------------------------------------------------------- */
+/* pages[n] receives logical ids, each with one reference held by this session. */
+kv_err_t kvc_alloc(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t *pages);
+/* prev = KVP_NO_PAGE for the first page. tokens[n] with n == page_tokens. *out_page is the page
+ * that holds the content now (the request's page, or a cached duplicate; see SealRep). */
+kv_err_t kvc_seal(kvc_t *c, uint32_t page, uint32_t prev, const uint32_t *tokens, size_t n,
+                  const void *extra, size_t extra_len, uint32_t *out_page);
+/* pages[cap] receives the matched pages (referenced unless peek); *npages their count. */
+kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extra,
+                    size_t extra_len, int peek, uint32_t *pages, size_t cap, size_t *npages,
+                    uint32_t *tokens_matched);
+kv_err_t kvc_release(kvc_t *c, const uint32_t *pages, size_t n);
+kv_err_t kvc_seq_open(kvc_t *c, const char *tag, uint64_t *seq);
+kv_err_t kvc_seq_append(kvc_t *c, uint64_t seq, const uint32_t *pages, size_t n);
+kv_err_t kvc_seq_close(kvc_t *c, uint64_t seq);
+kv_err_t kvc_heartbeat(kvc_t *c, uint64_t completed_epoch);
+
+/* Pipelined halves of the hot calls. */
+kv_err_t kvc_alloc_send(kvc_t *c, kv_fmt_t f, uint32_t n, uint64_t *id);
+kv_err_t kvc_alloc_recv(kvc_t *c, uint64_t id, uint32_t n, uint32_t *pages);
+kv_err_t kvc_release_send(kvc_t *c, const uint32_t *pages, size_t n, uint64_t *id);
+kv_err_t kvc_lookup_send(kvc_t *c, const uint32_t *tokens, size_t n, int peek, uint64_t *id);
+
+#endif /* KVC_H */

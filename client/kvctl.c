@@ -1,0 +1,409 @@
+/* kvctl.c — the operator CLI: a thin client of the public protocol (redis-cli habit).
+ *
+ *   kvctl [--endpoint EP] [--json] [--timeout MS] COMMAND [ARGS]
+ *     status                       daemon figures (the core's stats table, in table order)
+ *     sessions                     attached processes, refs, epochs, lease state
+ *     cache ls [LIMIT]             cache entries, evictable (LRU) first
+ *     cache evict PAGE|all         drop cache bindings (referenced pages stay live)
+ *     cache pin PAGE | unpin PAGE  pin: never evicted
+ *     page ID                      one page's state, refs, format, hash
+ *     config get [KEY]             directives and current values
+ *     config set KEY VALUE         runtime-mutable directives only
+ *     drain                        refuse new sessions/pages; existing work continues
+ *     check                        invariant check; exit 1 when anything is inconsistent
+ *
+ * Every command speaks admin RPCs that need no session (no hello, no fd handover). --json
+ * prints one JSON object per command on stdout. Exit 0 on success, 1 on any error (the
+ * daemon's status name and message on stderr), 2 on usage errors.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvc.h"
+
+static int json;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvctl [--endpoint EP] [--json] [--timeout MS] COMMAND [ARGS]\n"
+            "commands:\n"
+            "  status                      daemon figures\n"
+            "  sessions                    attached client processes\n"
+            "  cache ls [LIMIT]            cache entries (evictable first)\n"
+            "  cache evict PAGE|all        drop cache entries\n"
+            "  cache pin PAGE              pin a cached page (never evicted)\n"
+            "  cache unpin PAGE            unpin\n"
+            "  page ID                     one page's state\n"
+            "  config get [KEY]            directives and values\n"
+            "  config set KEY VALUE        change a runtime-mutable directive\n"
+            "  drain                       stop accepting new work\n"
+            "  check                       verify the daemon's invariants (exit 1 if broken)\n"
+            "endpoint: --endpoint, else $KVD_ENDPOINT, else ipc:///run/kvd/kvd.sock\n");
+}
+
+/* JSON string escaping for the few free-text fields. */
+static void jstr(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
+static void hex(const uint8_t *d, size_t n, size_t max)
+{
+    for (size_t i = 0; i < n && i < max; i++)
+        printf("%02x", d[i]);
+}
+
+static const char *fmtname(int f)
+{
+    return f == 0 ? "fp8" : f == 1 ? "tq3" : "?";
+}
+
+static int parse_u32(const char *s, uint32_t *out)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || v > UINT32_MAX)
+        return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static void print_status(const Kvd__StatusRep *r)
+{
+    if (json) {
+        printf("{\"version\":");
+        jstr(r->version);
+        printf(",\"namespace\":");
+        jstr(r->namespace_);
+        printf(",\"backend\":");
+        jstr(r->backend);
+        printf(",\"uptime_ms\":%" PRIu64 ",\"epoch\":%" PRIu64 ",\"sessions\":%u,\"draining\":%s",
+               r->uptime_ms, r->epoch, r->sessions, r->draining ? "true" : "false");
+        if (r->geometry)
+            printf(",\"geometry\":{\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,"
+                   "\"page_tokens\":%u,\"seed\":%" PRIu64 "}",
+                   r->geometry->layers, r->geometry->kv_heads, r->geometry->head_dim,
+                   r->geometry->page_tokens, r->geometry->seed);
+        printf(",\"stats\":{");
+        for (size_t i = 0; i < r->n_stats; i++) {
+            printf("%s", i ? "," : "");
+            jstr(r->stats[i]->name);
+            printf(":%" PRIu64, r->stats[i]->value);
+        }
+        printf("}}\n");
+        return;
+    }
+    printf("%s  namespace %s  backend %s  uptime %.1f s  epoch %" PRIu64 "  sessions %u%s\n",
+           r->version, r->namespace_, r->backend, (double)r->uptime_ms / 1000.0, r->epoch,
+           r->sessions, r->draining ? "  DRAINING" : "");
+    if (r->geometry)
+        printf("geometry: %u layers x %u kv heads x %u head dim, %u tokens/page, seed %" PRIu64
+               "\n",
+               r->geometry->layers, r->geometry->kv_heads, r->geometry->head_dim,
+               r->geometry->page_tokens, r->geometry->seed);
+    for (size_t i = 0; i < r->n_stats; i++)
+        printf("  %-28s %14" PRIu64 "   %s\n", r->stats[i]->name, r->stats[i]->value,
+               r->stats[i]->help);
+}
+
+static void print_sessions(const Kvd__SessionsRep *r)
+{
+    if (json)
+        printf("{\"sessions\":[");
+    else
+        printf("%-8s %-8s %-6s %-6s %-10s %-5s %-10s %-10s %-6s %s\n", "SESSION", "PID", "UID",
+               "GID", "REFS", "SEQS", "EPOCH", "IDLE_MS", "LEASE", "NAME");
+    for (size_t i = 0; i < r->n_sessions; i++) {
+        const Kvd__SessionInfo *s = r->sessions[i];
+        if (json) {
+            printf("%s{\"id\":%" PRIu64 ",\"pid\":%u,\"uid\":%u,\"gid\":%u,\"refs\":%" PRIu64
+                   ",\"sequences\":%u,\"completed_epoch\":%" PRIu64 ",\"idle_ms\":%" PRIu64
+                   ",\"lease_expired\":%s,\"connected\":%s,\"name\":",
+                   i ? "," : "", s->id, s->pid, s->uid, s->gid, s->refs, s->sequences,
+                   s->completed_epoch, s->idle_ms, s->lease_expired ? "true" : "false",
+                   s->connected ? "true" : "false");
+            jstr(s->client_name);
+            printf("}");
+        } else {
+            printf("%-8" PRIu64 " %-8u %-6u %-6u %-10" PRIu64 " %-5u %-10" PRIu64 " %-10" PRIu64
+                   " %-6s %s\n",
+                   s->id, s->pid, s->uid, s->gid, s->refs, s->sequences, s->completed_epoch,
+                   s->idle_ms, s->lease_expired ? "EXPIRED" : "ok", s->client_name);
+        }
+    }
+    if (json)
+        printf("]}\n");
+}
+
+static void print_cache_ls(const Kvd__CacheLsRep *r)
+{
+    if (json)
+        printf("{\"total\":%" PRIu64 ",\"entries\":[", r->total);
+    else
+        printf("%" PRIu64 " entries%s\n%-10s %-4s %-6s %-6s %-16s %s\n", r->total,
+               r->n_entries < r->total ? " (listing truncated)" : "", "PAGE", "FMT", "REFS",
+               "PINNED", "LAST_USE_NS", "HASH");
+    for (size_t i = 0; i < r->n_entries; i++) {
+        const Kvd__CacheEntry *e = r->entries[i];
+        if (json) {
+            printf("%s{\"page\":%u,\"format\":\"%s\",\"refs\":%u,\"pinned\":%s,\"last_use\":%" PRIu64
+                   ",\"hash\":\"",
+                   i ? "," : "", e->page, fmtname(e->format), e->refs,
+                   e->pinned ? "true" : "false", e->last_use);
+            hex(e->hash.data, e->hash.len, 64);
+            printf("\"}");
+        } else {
+            printf("%-10u %-4s %-6u %-6s %-16" PRIu64 " ", e->page, fmtname(e->format), e->refs,
+                   e->pinned ? "yes" : "no", e->last_use);
+            hex(e->hash.data, e->hash.len, 8);
+            printf("…\n");
+        }
+    }
+    if (json)
+        printf("]}\n");
+}
+
+static void print_page(const Kvd__PageInfoRep *p)
+{
+    if (json) {
+        printf("{\"page\":%u,\"state\":\"%s\",\"format\":\"%s\",\"phys\":%u,\"refs\":%u,"
+               "\"sealed\":%s,\"pinned\":%s,\"retire_epoch\":%" PRIu64 ",\"generation\":%u,"
+               "\"hash\":\"",
+               p->page, p->state, fmtname(p->format), p->phys, p->refs,
+               p->sealed ? "true" : "false", p->pinned ? "true" : "false", p->retire_epoch,
+               p->generation);
+        hex(p->hash.data, p->hash.len, 64);
+        printf("\",\"detail\":");
+        jstr(p->detail);
+        printf("}\n");
+        return;
+    }
+    printf("page %u: %s, %s phys %u, refs %u%s%s, epoch stamp %" PRIu64 ", generation %u\n",
+           p->page, p->state, fmtname(p->format), p->phys, p->refs, p->sealed ? ", sealed" : "",
+           p->pinned ? ", pinned" : "", p->retire_epoch, p->generation);
+    printf("  hash ");
+    hex(p->hash.data, p->hash.len, 64);
+    printf("\n  %s\n", p->detail);
+}
+
+static void print_config(Kvd__ConfigItem **items, size_t n, int single)
+{
+    if (json && !single)
+        printf("{\"config\":[");
+    for (size_t i = 0; i < n; i++) {
+        const Kvd__ConfigItem *it = items[i];
+        if (json) {
+            printf("%s{\"key\":", i ? "," : "");
+            jstr(it->key);
+            printf(",\"value\":");
+            jstr(it->value);
+            printf(",\"type\":");
+            jstr(it->type);
+            printf(",\"mutable\":%s,\"default\":", it->mutable_ ? "true" : "false");
+            jstr(it->default_value);
+            printf(",\"help\":");
+            jstr(it->help);
+            printf("}");
+        } else {
+            printf("%-16s = %-28s %s%s\n", it->key, it->value, it->mutable_ ? "[runtime] " : "",
+                   it->help);
+        }
+    }
+    if (json)
+        printf(single ? "\n" : "]}\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *ep = getenv("KVD_ENDPOINT");
+    int timeout = 5000, ai = 1;
+    if (!ep || !*ep)
+        ep = "ipc:///run/kvd/kvd.sock";
+    for (; ai < argc && !strncmp(argv[ai], "--", 2); ai++) {
+        if (!strcmp(argv[ai], "--json"))
+            json = 1;
+        else if (!strcmp(argv[ai], "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[ai], "--endpoint") && ai + 1 < argc)
+            ep = argv[++ai];
+        else if (!strcmp(argv[ai], "--timeout") && ai + 1 < argc)
+            timeout = atoi(argv[++ai]);
+        else {
+            fprintf(stderr, "kvctl: unknown option '%s'\n", argv[ai]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    /* allow --json after the command too */
+    int nargs = 0;
+    const char *args[8];
+    for (int i = ai; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else if (nargs < 8)
+            args[nargs++] = argv[i];
+    }
+    if (nargs == 0) {
+        usage(stderr);
+        return 2;
+    }
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
+    Kvd__SessionsReq ss = KVD__SESSIONS_REQ__INIT;
+    Kvd__CacheLsReq cl = KVD__CACHE_LS_REQ__INIT;
+    Kvd__CacheEvictReq ce = KVD__CACHE_EVICT_REQ__INIT;
+    Kvd__CachePinReq cp = KVD__CACHE_PIN_REQ__INIT;
+    Kvd__PageInfoReq pi = KVD__PAGE_INFO_REQ__INIT;
+    Kvd__ConfigGetReq cg = KVD__CONFIG_GET_REQ__INIT;
+    Kvd__ConfigSetReq cs = KVD__CONFIG_SET_REQ__INIT;
+    Kvd__DrainReq dr = KVD__DRAIN_REQ__INIT;
+    Kvd__CheckReq ck = KVD__CHECK_REQ__INIT;
+    const char *cmd = args[0], *sub = nargs > 1 ? args[1] : "";
+    if (!strcmp(cmd, "status") && nargs == 1) {
+        req.body_case = KVD__REQUEST__BODY_STATUS;
+        req.status = &st;
+    } else if (!strcmp(cmd, "sessions") && nargs == 1) {
+        req.body_case = KVD__REQUEST__BODY_SESSIONS;
+        req.sessions = &ss;
+    } else if (!strcmp(cmd, "cache") && !strcmp(sub, "ls") && nargs <= 3) {
+        req.body_case = KVD__REQUEST__BODY_CACHE_LS;
+        req.cache_ls = &cl;
+        if (nargs == 3 && parse_u32(args[2], &cl.limit)) {
+            fprintf(stderr, "kvctl: cache ls: LIMIT must be a number\n");
+            return 2;
+        }
+    } else if (!strcmp(cmd, "cache") && !strcmp(sub, "evict") && nargs == 3) {
+        req.body_case = KVD__REQUEST__BODY_CACHE_EVICT;
+        req.cache_evict = &ce;
+        if (!strcmp(args[2], "all"))
+            ce.all = 1;
+        else if (parse_u32(args[2], &ce.page)) {
+            fprintf(stderr, "kvctl: cache evict: PAGE must be a number or 'all'\n");
+            return 2;
+        }
+    } else if (!strcmp(cmd, "cache") && (!strcmp(sub, "pin") || !strcmp(sub, "unpin")) &&
+               nargs == 3) {
+        req.body_case = KVD__REQUEST__BODY_CACHE_PIN;
+        req.cache_pin = &cp;
+        cp.pin = !strcmp(sub, "pin");
+        if (parse_u32(args[2], &cp.page)) {
+            fprintf(stderr, "kvctl: cache %s: PAGE must be a number\n", sub);
+            return 2;
+        }
+    } else if (!strcmp(cmd, "page") && nargs == 2) {
+        req.body_case = KVD__REQUEST__BODY_PAGE_INFO;
+        req.page_info = &pi;
+        if (parse_u32(args[1], &pi.page)) {
+            fprintf(stderr, "kvctl: page: ID must be a number\n");
+            return 2;
+        }
+    } else if (!strcmp(cmd, "config") && !strcmp(sub, "get") && nargs <= 3) {
+        req.body_case = KVD__REQUEST__BODY_CONFIG_GET;
+        req.config_get = &cg;
+        cg.key = (char *)(nargs == 3 ? args[2] : "");
+    } else if (!strcmp(cmd, "config") && !strcmp(sub, "set") && nargs == 4) {
+        req.body_case = KVD__REQUEST__BODY_CONFIG_SET;
+        req.config_set = &cs;
+        cs.key = (char *)args[2];
+        cs.value = (char *)args[3];
+    } else if (!strcmp(cmd, "drain") && nargs == 1) {
+        req.body_case = KVD__REQUEST__BODY_DRAIN;
+        req.drain = &dr;
+    } else if (!strcmp(cmd, "check") && nargs == 1) {
+        req.body_case = KVD__REQUEST__BODY_CHECK;
+        req.check = &ck;
+    } else {
+        fprintf(stderr, "kvctl: unknown command or wrong arguments: %s %s\n", cmd, sub);
+        usage(stderr);
+        return 2;
+    }
+
+    kvc_t *c;
+    kv_err_t e = kvc_connect(&c, ep, timeout);
+    if (e != KV_ERR_OK) {
+        fprintf(stderr, "kvctl: cannot connect to %s: %s\n", ep, kv_err_name(e));
+        return 1;
+    }
+    Kvd__Reply *rep = NULL;
+    e = kvc_call(c, &req, &rep);
+    int rc = 0;
+    if (e != KV_ERR_OK) {
+        if (json) {
+            printf("{\"error\":\"%s\",\"message\":", kv_err_name((int)e));
+            jstr(kvc_errmsg(c));
+            printf("}\n");
+        }
+        fprintf(stderr, "kvctl: %s\n", kvc_errmsg(c)[0] ? kvc_errmsg(c) : kv_err_name((int)e));
+        rc = 1;
+    } else {
+        switch (rep->body_case) {
+        case KVD__REPLY__BODY_STATUS_REP:
+            print_status(rep->status_rep);
+            break;
+        case KVD__REPLY__BODY_SESSIONS:
+            print_sessions(rep->sessions);
+            break;
+        case KVD__REPLY__BODY_CACHE_LS:
+            print_cache_ls(rep->cache_ls);
+            break;
+        case KVD__REPLY__BODY_CACHE_EVICT:
+            printf(json ? "{\"evicted\":%u}\n" : "evicted %u\n", rep->cache_evict->evicted);
+            break;
+        case KVD__REPLY__BODY_CACHE_PIN:
+            printf(json ? "{\"ok\":true}\n" : "ok\n");
+            break;
+        case KVD__REPLY__BODY_PAGE_INFO:
+            print_page(rep->page_info);
+            break;
+        case KVD__REPLY__BODY_CONFIG_GET:
+            print_config(rep->config_get->items, rep->config_get->n_items, 0);
+            break;
+        case KVD__REPLY__BODY_CONFIG_SET:
+            print_config(&rep->config_set->item, 1, 1);
+            break;
+        case KVD__REPLY__BODY_DRAIN:
+            printf(json ? "{\"draining\":true,\"sessions\":%u}\n"
+                        : "draining; %u sessions still attached\n",
+                   rep->drain->sessions);
+            break;
+        case KVD__REPLY__BODY_CHECK: {
+            const Kvd__CheckRep *k = rep->check;
+            if (json) {
+                printf("{\"ok\":%s,\"leaks\":%" PRIu64 ",\"problems\":[", k->ok ? "true" : "false",
+                       k->leaked_pages);
+                for (size_t i = 0; i < k->n_problems; i++) {
+                    printf("%s", i ? "," : "");
+                    jstr(k->problems[i]);
+                }
+                printf("]}\n");
+            } else {
+                printf("check: %s, leaks: %" PRIu64 "\n", k->ok ? "ok" : "FAILED",
+                       k->leaked_pages);
+                for (size_t i = 0; i < k->n_problems; i++)
+                    printf("  %s\n", k->problems[i]);
+            }
+            rc = k->ok ? 0 : 1;
+            break;
+        }
+        default:
+            fprintf(stderr, "kvctl: unexpected reply body %d\n", (int)rep->body_case);
+            rc = 1;
+        }
+    }
+    kvc_reply_free(&rep);
+    kvc_close(&c);
+    return rc;
+}

@@ -1,0 +1,97 @@
+/* config.h — the daemon's one configuration table.
+ *
+ * KVD_CONFIG_MAP is the single source of truth for every directive (Redis createIntConfig
+ * habit): name, type, bounds (integers) or choices (strings), default, whether it may change at
+ * runtime (kvctl config set), and the help line. From it come: the struct fields, the defaults,
+ * the config file parser (`key = value` lines, `#` comments), the command-line flags
+ * (`--key value`), `kvd --help`, `kvd --check-config FILE`, and the admin config get/set RPCs.
+ * deploy/kvd.conf documents every row; tests/integration checks --help lists them all.
+ *
+ * Types: U64 (decimal, bounds inclusive), STR (choices "a|b" when non-empty), BOOL
+ * (yes/no/true/false/on/off/1/0), IDS (comma separated uids/gids, may be empty).
+ * Thread: the daemon has one thread; nothing here locks.
+ */
+#ifndef KVD_CONFIG_H
+#define KVD_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/*  XX(name, type, min, max, choices, default, runtime-mutable, help) */
+#define KVD_CONFIG_MAP(XX)                                                                         \
+    XX(endpoint, STR, 0, 0, "", "ipc:///run/kvd/kvd.sock", 0,                                      \
+       "ZeroMQ endpoint (ipc://PATH; the directory is created 0700; fds go on PATH.fds)")          \
+    XX(backend, STR, 0, 0, "host|cuda", "host", 0, "pool backend: host (memfd) or cuda")           \
+    XX(namespace, STR, 0, 0, "", "default", 0, "model namespace served by this daemon")            \
+    XX(layers, U64, 1, 1024, "", "4", 0, "model layers")                                           \
+    XX(kv_heads, U64, 1, 256, "", "8", 0, "KV heads")                                              \
+    XX(head_dim, U64, 64, 256, "64|128|256", "128", 0, "head dimension (64, 128 or 256)")          \
+    XX(page_tokens, U64, 1, 4096, "", "16", 0, "tokens per page")                                  \
+    XX(seed, U64, 0, UINT64_MAX, "", "1", 0, "rotation seed of the namespace")                     \
+    XX(pages_fp8, U64, 1, 16777216, "", "1024", 0, "physical pages in the FP8 pool")               \
+    XX(pages_tq3, U64, 0, 16777216, "", "1024", 0, "physical pages in the TQ3 pool")               \
+    XX(cache_quota, U64, 0, 16777216, "", "0", 1,                                                  \
+       "max sealed cache pages kept unreferenced per format (0: bounded by the pool only)")        \
+    XX(admit_uids, IDS, 0, 0, "", "", 0,                                                           \
+       "uids admitted by the ZAP handler, comma separated (empty: the daemon's own uid)")          \
+    XX(admit_gids, IDS, 0, 0, "", "", 0, "gids admitted in addition to admit_uids")               \
+    XX(lease_ms, U64, 100, 86400000, "", "10000", 1,                                               \
+       "a session silent this long is reported lease-expired (its pages are kept)")                \
+    XX(epoch_ms, U64, 1, 60000, "", "10", 1, "period of the epoch / deferred-free collector")      \
+    XX(max_msg_bytes, U64, 0, UINT64_MAX, "", "0", 0,                                              \
+       "ZMQ_MAXMSGSIZE of the control socket (0: unlimited)")                                      \
+    XX(max_alloc, U64, 1, 1048576, "", "4096", 1, "max pages in one alloc request")                \
+    XX(max_tokens, U64, 1, 67108864, "", "1048576", 1, "max tokens in one lookup request")         \
+    XX(metrics_port, U64, 0, 65535, "", "0", 0, "Prometheus HTTP port (0: off)")                   \
+    XX(metrics_addr, STR, 0, 0, "", "127.0.0.1", 0, "address the metrics port binds")              \
+    XX(log_level, STR, 0, 0, "error|warn|info|debug", "info", 1, "log verbosity")
+
+typedef enum kvd_ctype_e { KVD_CT_U64, KVD_CT_STR, KVD_CT_BOOL, KVD_CT_IDS } kvd_ctype_t;
+
+typedef struct kvd_config_s {
+#define KVD_CFG_FIELD_U64(n) uint64_t n;
+#define KVD_CFG_FIELD_STR(n) char *n;
+#define KVD_CFG_FIELD_BOOL(n) int n;
+#define KVD_CFG_FIELD_IDS(n) char *n;
+#define KVD_CFG_FIELD_(n, t, lo, hi, ch, def, mut, help) KVD_CFG_FIELD_##t(n)
+    KVD_CONFIG_MAP(KVD_CFG_FIELD_)
+#undef KVD_CFG_FIELD_
+} kvd_config_t;
+
+typedef struct kvd_config_desc_s {
+    const char *name;
+    kvd_ctype_t type;
+    uint64_t min, max;
+    const char *choices; /* "" or "a|b|c" */
+    const char *def;
+    int mutable_;
+    const char *help;
+    size_t offset;
+} kvd_config_desc_t;
+
+size_t kvd_config_count(void);
+const kvd_config_desc_t *kvd_config_desc(size_t i);
+const kvd_config_desc_t *kvd_config_find(const char *key);
+const char *kvd_config_type_name(kvd_ctype_t t);
+
+/* Fill every field with its default. 0, or -1 on allocation failure. */
+int kvd_config_init(kvd_config_t *c);
+void kvd_config_free(kvd_config_t *c);
+
+enum { KVD_CFG_OK = 0, KVD_CFG_UNKNOWN = -1, KVD_CFG_BAD_VALUE = -2, KVD_CFG_IMMUTABLE = -3 };
+/* Parse and store one value. runtime=1 refuses keys that are not runtime-mutable. On error
+ * err gets a message naming the key and what is accepted. */
+int kvd_config_set(kvd_config_t *c, const char *key, const char *value, int runtime, char *err,
+                   size_t cap);
+/* Current value as text (what the file would contain). */
+int kvd_config_get(const kvd_config_t *c, const char *key, char *buf, size_t cap);
+/* Parse a config file. Returns the number of errors; each goes to `report` (when non-NULL) as
+ * "FILE:LINE: key 'k': message". Parsing continues after an error so one run shows them all. */
+int kvd_config_load_file(kvd_config_t *c, const char *path, FILE *report);
+/* Write `--key VALUE  help [default]` lines for every directive. */
+void kvd_config_help(FILE *f);
+/* Parse an IDS value into out[] (at most cap entries); returns the count or -1. */
+int kvd_config_ids(const char *s, uint32_t *out, int cap);
+
+#endif /* KVD_CONFIG_H */
