@@ -1,0 +1,268 @@
+/* test_pages.c — kvd/pages.c through the core API: allocation and the directory, release and
+ * the epoch-deferred free, logical id reuse, conversions (Algorithm 1) flipping the directory
+ * and retiring the source, conversion failure keeping the source.
+ */
+#include "core_fixture.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "kvkern.h"
+
+static void test_alloc_maps_directory(void **state)
+{
+    kvd_core_t *c = fx_core();
+    uint64_t sid;
+    FX_OK(kvd_core_session_open(c, 100, 1000, &sid));
+    uint32_t ids[3];
+    FX_OK(kvd_core_alloc(c, sid, 3, ids));
+    const kv_dir_entry_t *dir = kvd_core_backend(c)->dir;
+    for (int i = 0; i < 3; i++) {
+        kvd_page_info_t pi;
+        FX_OK(kvd_core_page_info(c, ids[i], &pi));
+        assert_int_equal(pi.state, KVD_PAGE_OPEN);
+        assert_int_equal(pi.fmt, KV_FMT_FP8);
+        assert_int_equal(pi.req_loose, 1);
+        assert_int_equal(pi.owner_sid, sid);
+        assert_int_equal(kv_dir_flags(dir[ids[i]]), KV_DIR_VALID);
+        assert_int_equal(kv_dir_fmt(dir[ids[i]]), KV_FMT_FP8);
+        assert_int_equal(kv_dir_phys(dir[ids[i]]), pi.phys);
+        for (int j = 0; j < i; j++) {
+            assert_int_not_equal(ids[i], ids[j]);
+            assert_int_not_equal(kv_dir_phys(dir[ids[i]]), kv_dir_phys(dir[ids[j]]));
+        }
+    }
+    kvd_stats_t st = fx_stats(c);
+    assert_int_equal(st.pages_open[KV_FMT_FP8], 3);
+    assert_int_equal(st.pages_free[KV_FMT_FP8], FX_FP8 - 3);
+    assert_int_equal(st.request_refs, 3);
+    FX_CHECK(c);
+    /* bad input: errors, no state change */
+    assert_int_equal(kvd_core_alloc(c, sid, 0, ids), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvd_core_alloc(c, sid, FX_FP8 + 1, ids), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvd_core_alloc(c, 999, 1, ids), KV_ERR_NO_SESSION);
+    uint32_t bogus[2] = {ids[0], ids[0]}; /* held once, released twice */
+    assert_int_equal(kvd_core_release(c, sid, bogus, 2), KV_ERR_INVALID_ARGUMENT);
+    uint32_t out_of_range = FX_FP8 + FX_TQ3 + 10;
+    assert_int_equal(kvd_core_release(c, sid, &out_of_range, 1), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(fx_stats(c).request_refs, 3);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+    assert_null(c);
+}
+
+/* A released page is not reusable until EVERY live session reported a newer epoch. */
+static void test_release_deferred_by_epoch(void **state)
+{
+    kvd_core_t *c = fx_core();
+    uint64_t a, b;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    FX_OK(kvd_core_session_open(c, 2, 0, &b));
+    uint32_t ids[FX_FP8];
+    FX_OK(kvd_core_alloc(c, a, FX_FP8, ids));
+    uint64_t e0 = kvd_core_epoch(c);
+    const kv_dir_entry_t *dir = kvd_core_backend(c)->dir;
+    kv_dir_entry_t before = dir[ids[2]];
+    FX_OK(kvd_core_release(c, a, &ids[2], 1));
+    uint64_t e1 = kvd_core_epoch(c);
+    assert_int_equal(e1, e0 + 1); /* the release bumped the epoch */
+    kvd_page_info_t pi;
+    FX_OK(kvd_core_page_info(c, ids[2], &pi));
+    assert_int_equal(pi.state, KVD_PAGE_RETIRED);
+    assert_int_equal(pi.stamp, e1);
+    /* still mapped to the old physical page: a kernel in flight reads what it expects */
+    assert_true(dir[ids[2]] == before);
+    assert_int_equal(fx_stats(c).pages_retired[KV_FMT_FP8], 1);
+    uint32_t more;
+    assert_int_equal(kvd_core_alloc(c, a, 1, &more), KV_ERR_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(kvd_core_errmsg(c), "retired"));
+    assert_int_equal(kvd_core_collect(c), 0);
+    fx_quiesce(c, a); /* a is done with epoch < e1, but b still may have kernels */
+    assert_int_equal(kvd_core_alloc(c, a, 1, &more), KV_ERR_RESOURCE_EXHAUSTED);
+    FX_OK(kvd_core_page_info(c, ids[2], &pi));
+    assert_int_equal(pi.state, KVD_PAGE_RETIRED);
+    FX_CHECK(c);
+    fx_quiesce(c, b); /* now every session is past the stamp: the report collects */
+    FX_OK(kvd_core_page_info(c, ids[2], &pi));
+    assert_int_equal(pi.state, KVD_PAGE_FREE);
+    assert_int_equal(kv_dir_flags(dir[ids[2]]) & KV_DIR_VALID, 0);
+    assert_int_equal(kv_dir_gen(dir[ids[2]]), (kv_dir_gen(before) + 1) & 0xffff);
+    FX_OK(kvd_core_alloc(c, a, 1, &more));
+    assert_int_equal(more, ids[2]); /* LIFO: the freed id comes back first */
+    FX_CHECK(c);
+    /* epoch reports out of range are refused */
+    uint64_t now = kvd_core_epoch(c);
+    assert_int_equal(kvd_core_session_report_epoch(c, a, now + 1), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvd_core_session_report_epoch(c, a, 0), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvd_core_session_report_epoch(c, 77, now), KV_ERR_NO_SESSION);
+    kvd_core_free(&c);
+}
+
+/* With no other session, closing the last one frees what it retired. */
+static void test_close_last_session_frees(void **state)
+{
+    kvd_core_t *c = fx_core();
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t ids[2];
+    FX_OK(kvd_core_alloc(c, a, 2, ids));
+    FX_OK(kvd_core_release(c, a, ids, 1));
+    assert_int_equal(fx_stats(c).pages_retired[KV_FMT_FP8], 1);
+    FX_OK(kvd_core_session_close(c, a));
+    kvd_stats_t st = fx_stats(c);
+    assert_int_equal(st.pages_retired[KV_FMT_FP8], 0);
+    assert_int_equal(st.pages_free[KV_FMT_FP8], FX_FP8);
+    assert_int_equal(st.logical_free, FX_FP8 + FX_TQ3);
+    assert_int_equal(st.reclaimed_open_pages, 1);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
+/* Fill an FP8 page with Gaussian-ish KV through the append twin. */
+static void fill_page(kvd_core_t *c, uint32_t lid, unsigned seed, float *ref /*[T*H*d] of L0 K*/)
+{
+    kvd_backend_t *be = kvd_core_backend(c);
+    kv_geom_t g = fx_geom();
+    uint32_t T = g.page_tokens, H = g.kv_heads, d = g.head_dim;
+    float *k = malloc(sizeof(float) * T * H * d), *v = malloc(sizeof(float) * T * H * d);
+    uint32_t pages[FX_PT], slots[FX_PT];
+    srand(seed);
+    for (uint32_t layer = 0; layer < g.layers; layer++) {
+        for (uint32_t i = 0; i < T * H * d; i++) {
+            /* sum of uniforms: roughly normal, unit variance */
+            float s = 0;
+            for (int r = 0; r < 12; r++)
+                s += (float)rand() / (float)RAND_MAX;
+            k[i] = s - 6.0f;
+            v[i] = 0.5f * (s - 6.0f) + 0.1f;
+        }
+        for (uint32_t t = 0; t < T; t++)
+            pages[t] = lid, slots[t] = t;
+        assert_int_equal(kv_fp8_append(&g, &be->pools, be->dir, be->exp.dir_entries, layer, T,
+                                       pages, slots, k, v),
+                         KVK_OK);
+        if (layer == 0 && ref)
+            memcpy(ref, k, sizeof(float) * T * H * d);
+    }
+    free(k);
+    free(v);
+}
+
+static double rel_err_block(kvd_core_t *c, uint32_t lid, const float *ref)
+{
+    kvd_backend_t *be = kvd_core_backend(c);
+    kv_geom_t g = fx_geom();
+    kv_dir_entry_t e = be->dir[lid];
+    uint32_t T = g.page_tokens, H = g.kv_heads, d = g.head_dim;
+    float out[FX_PT * 64];
+    double num = 0, den = 0;
+    for (uint32_t h = 0; h < H; h++) {
+        assert_int_equal(kv_page_decode_block(&g, kv_dir_fmt(e),
+                                              kvd_backend_host_page(be, kv_dir_fmt(e),
+                                                                    kv_dir_phys(e)),
+                                              0, KV_KIND_K, h, out),
+                         KVK_OK);
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t i = 0; i < d; i++) {
+                double x = ref[((uint64_t)t * H + h) * d + i], y = out[t * d + i];
+                num += (x - y) * (x - y);
+                den += x * x;
+            }
+    }
+    return sqrt(num / den);
+}
+
+static void test_convert_flips_directory(void **state)
+{
+    kvd_core_t *c = fx_core();
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t lid;
+    FX_OK(kvd_core_alloc(c, a, 1, &lid));
+    float ref[FX_PT * 2 * 64];
+    fill_page(c, lid, 11, ref);
+    const kv_dir_entry_t *dir = kvd_core_backend(c)->dir;
+    kv_dir_entry_t e0 = dir[lid];
+    /* FP8 holds the data to e4m3 precision: relative RMS error ≈ 2^-4 / sqrt(3) ≈ 0.036 for a
+     * per-token-head scale; 0.06 leaves room for the shape of the distribution. */
+    assert_true(rel_err_block(c, lid, ref) < 0.06);
+    uint64_t ep = kvd_core_epoch(c);
+    FX_OK(kvd_core_convert(c, lid, KV_FMT_TQ3));
+    kv_dir_entry_t e1 = dir[lid];
+    assert_int_equal(kv_dir_fmt(e1), KV_FMT_TQ3);
+    assert_int_equal(kv_dir_flags(e1), KV_DIR_VALID);
+    assert_int_equal(kv_dir_gen(e1), kv_dir_gen(e0) + 1);
+    assert_int_equal(kvd_core_epoch(c), ep + 1);
+    /* 3-bit Lloyd–Max on unit-variance coordinates: distortion ≈ 0.034 per coordinate plus the
+     * FP8 step before it, i.e. relative RMS ≈ 0.19; 0.3 is a generous bound that still catches a
+     * wrong page, a wrong layout or a missing rotation (those give ≈ 1). */
+    double err = rel_err_block(c, lid, ref);
+    print_message("relative RMS error of layer-0 K after retier: %.4f\n", err);
+    assert_true(err < 0.3);
+    kvd_stats_t st = fx_stats(c);
+    assert_int_equal(st.pages_retired[KV_FMT_FP8], 1);
+    assert_int_equal(st.pages_open[KV_FMT_TQ3], 1);
+    assert_int_equal(st.pages_free[KV_FMT_TQ3], FX_TQ3 - 1);
+    assert_int_equal(st.retiers, 1);
+    FX_CHECK(c);
+    /* the retired FP8 source is freed only once the session reports the new epoch */
+    fx_quiesce(c, a);
+    assert_int_equal(fx_stats(c).pages_free[KV_FMT_FP8], FX_FP8);
+    /* promote back: FP8 again, TQ3 source retired, data still close to the original */
+    FX_OK(kvd_core_convert(c, lid, KV_FMT_FP8));
+    assert_int_equal(kv_dir_fmt(dir[lid]), KV_FMT_FP8);
+    assert_int_equal(kv_dir_gen(dir[lid]), kv_dir_gen(e0) + 2);
+    assert_true(rel_err_block(c, lid, ref) < 0.3);
+    assert_int_equal(fx_stats(c).pages_retired[KV_FMT_TQ3], 1);
+    assert_int_equal(fx_stats(c).promotes, 1);
+    FX_CHECK(c);
+    /* bad conversions */
+    assert_int_equal(kvd_core_convert(c, lid, KV_FMT_FP8), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvd_core_convert(c, lid, (kv_fmt_t)9), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvd_core_convert(c, FX_FP8 + 3, KV_FMT_TQ3), KV_ERR_FAILED_PRECONDITION);
+    kvd_core_free(&c);
+}
+
+static void test_convert_failure_keeps_source(void **state)
+{
+    kvd_core_t *c = fx_core();
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t lid;
+    FX_OK(kvd_core_alloc(c, a, 1, &lid));
+    fill_page(c, lid, 3, NULL);
+    const kv_dir_entry_t *dir = kvd_core_backend(c)->dir;
+    kv_dir_entry_t e0 = dir[lid];
+    kvd_core_backend(c)->test_fail_convert = 1;
+    assert_int_equal(kvd_core_convert(c, lid, KV_FMT_TQ3), KV_ERR_DEVICE);
+    assert_non_null(strstr(kvd_core_errmsg(c), "source kept"));
+    assert_true(dir[lid] == e0);
+    kvd_stats_t st = fx_stats(c);
+    assert_int_equal(st.pages_free[KV_FMT_TQ3], FX_TQ3);
+    assert_int_equal(st.pages_retired[KV_FMT_FP8], 0);
+    assert_int_equal(st.conversion_failures, 1);
+    FX_CHECK(c);
+    /* TQ3 pool full of live pages: RESOURCE_EXHAUSTED, source kept */
+    uint32_t ids[FX_TQ3];
+    FX_OK(kvd_core_alloc(c, a, FX_TQ3, ids));
+    for (uint32_t i = 0; i < FX_TQ3; i++) {
+        fill_page(c, ids[i], 20 + i, NULL);
+        FX_OK(kvd_core_convert(c, ids[i], KV_FMT_TQ3));
+    }
+    assert_int_equal(kvd_core_convert(c, lid, KV_FMT_TQ3), KV_ERR_RESOURCE_EXHAUSTED);
+    assert_true(dir[lid] == e0);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_alloc_maps_directory),
+        cmocka_unit_test(test_release_deferred_by_epoch),
+        cmocka_unit_test(test_close_last_session_frees),
+        cmocka_unit_test(test_convert_flips_directory),
+        cmocka_unit_test(test_convert_failure_keeps_source),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
