@@ -1,0 +1,341 @@
+/* test_prefix.c — kvd/prefix.c: the keyed chain hash (checked against libsodium directly),
+ * seal and longest-prefix lookup, dedupe on seal, the LRU and its eviction order under
+ * allocation pressure, the cache quota, pins and operator eviction, a cached page changing
+ * format.
+ */
+#include "core_fixture.h"
+
+#include <sodium.h>
+
+/* Independent reference: BLAKE2b-256 keyed over prev || tokens LE || extra in one buffer. */
+static void ref_hash(const uint8_t key[32], const uint8_t *prev, const uint32_t *tok, uint32_t n,
+                     const uint8_t *extra, size_t elen, uint8_t out[32])
+{
+    uint8_t buf[32 + 4 * 64 + KVD_EXTRA_MAX];
+    size_t b = 0;
+    memset(buf, 0, 32);
+    if (prev)
+        memcpy(buf, prev, 32);
+    b = 32;
+    for (uint32_t i = 0; i < n; i++)
+        for (int j = 0; j < 4; j++)
+            buf[b++] = (uint8_t)(tok[i] >> (8 * j));
+    memcpy(buf + b, extra, elen);
+    b += elen;
+    crypto_generichash(out, 32, buf, b, key, 32);
+}
+
+static void test_chain_hash(void **state)
+{
+    kvd_core_opts_t o;
+    fx_opts(&o);
+    kvd_core_t *c = fx_core_opts(&o);
+    uint32_t t[FX_PT] = {1, 2, 0xA1B2C3D4u}, t_swapped[FX_PT] = {2, 1, 0xA1B2C3D4u};
+    uint8_t h1[32], h2[32], h3[32], r[32], ex[5] = {9, 8, 7, 6, 5};
+    kvd_core_chain_hash(c, NULL, t, FX_PT, NULL, 0, h1);
+    ref_hash(o.hash_key, NULL, t, FX_PT, NULL, 0, r);
+    assert_memory_equal(h1, r, 32);
+    kvd_core_chain_hash(c, NULL, t, FX_PT, NULL, 0, h2);
+    assert_memory_equal(h1, h2, 32); /* deterministic */
+    kvd_core_chain_hash(c, NULL, t_swapped, FX_PT, NULL, 0, h2);
+    assert_memory_not_equal(h1, h2, 32); /* order matters */
+    kvd_core_chain_hash(c, h1, t, FX_PT, ex, sizeof(ex), h3); /* chained, with extra */
+    ref_hash(o.hash_key, h1, t, FX_PT, ex, sizeof(ex), r);
+    assert_memory_equal(h3, r, 32);
+    kvd_core_chain_hash(c, h1, t, FX_PT, NULL, 0, h2);
+    assert_memory_not_equal(h3, h2, 32); /* extra matters */
+    kvd_core_chain_hash(c, h2, t, FX_PT, NULL, 0, r);
+    assert_memory_not_equal(h2, r, 32); /* prev matters */
+    /* another namespace salt: different hashes for the same tokens */
+    o.hash_key[31] ^= 1;
+    kvd_core_t *c2 = fx_core_opts(&o);
+    kvd_core_chain_hash(c2, NULL, t, FX_PT, NULL, 0, h2);
+    assert_memory_not_equal(h1, h2, 32);
+    kvd_core_free(&c2);
+    kvd_core_free(&c);
+}
+
+/* Seal npages pages of prompt `seed` in session s; ids_out [npages]. Returns nothing: fails. */
+static void seal_prompt(kvd_core_t *c, uint64_t s, uint32_t seed, uint32_t npages,
+                        uint32_t *ids_out)
+{
+    uint32_t tok[8 * FX_PT];
+    fx_tokens(seed, npages, tok);
+    FX_OK(kvd_core_alloc(c, s, npages, ids_out));
+    uint32_t prev = KVD_NONE;
+    for (uint32_t i = 0; i < npages; i++) {
+        uint8_t h[32];
+        uint32_t canon;
+        FX_OK(kvd_core_seal(c, s, ids_out[i], prev, tok + i * FX_PT, FX_PT, NULL, 0, h, &canon));
+        assert_int_equal(canon, ids_out[i]);
+        prev = ids_out[i];
+    }
+}
+
+static void test_longest_prefix(void **state)
+{
+    kvd_core_t *c = fx_core();
+    uint64_t a, b;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    FX_OK(kvd_core_session_open(c, 2, 0, &b));
+    uint32_t ids[3];
+    seal_prompt(c, a, 1, 3, ids);
+    FX_OK(kvd_core_release(c, a, ids, 3));
+    kvd_stats_t st = fx_stats(c);
+    assert_int_equal(st.cache_entries, 3);
+    assert_int_equal(st.pages_lru[KV_FMT_FP8], 3);
+    FX_CHECK(c);
+
+    uint32_t tok[4 * FX_PT + 2], out[8], np, nt;
+    fx_tokens(1, 4, tok); /* 3 cached pages + 1 uncached page + 2 tokens of a partial page */
+    FX_OK(kvd_core_lookup(c, b, tok, 4 * FX_PT + 2, NULL, 0, out, 8, &np, &nt));
+    assert_int_equal(np, 3);
+    assert_int_equal(nt, 3 * FX_PT);
+    assert_memory_equal(out, ids, sizeof(ids));
+    st = fx_stats(c);
+    assert_int_equal(st.pages_lru[KV_FMT_FP8], 0); /* hits are off the LRU */
+    assert_int_equal(st.lookup_pages_hit, 3);
+    assert_int_equal(st.lookup_pages_asked, 4);
+    assert_int_equal(st.lookup_tokens_asked, 4 * FX_PT + 2);
+    kvd_page_info_t pi;
+    FX_OK(kvd_core_page_info(c, ids[1], &pi));
+    assert_int_equal(pi.req_loose, 1);
+    FX_CHECK(c);
+    /* capped by max */
+    FX_OK(kvd_core_lookup(c, b, tok, 3 * FX_PT, NULL, 0, out, 2, &np, &nt));
+    assert_int_equal(np, 2);
+    /* diverging in page 1: only page 0 hits (page 2's hash chains through page 1) */
+    tok[FX_PT + 1] ^= 1;
+    FX_OK(kvd_core_lookup(c, b, tok, 3 * FX_PT, NULL, 0, out + 2, 6, &np, &nt));
+    assert_int_equal(np, 1);
+    assert_int_equal(out[2], ids[0]);
+    /* a different extra (another LoRA) misses everything; fewer tokens than a page too */
+    uint8_t ex = 1;
+    FX_OK(kvd_core_lookup(c, b, tok, 3 * FX_PT, &ex, 1, out, 8, &np, &nt));
+    assert_int_equal(np, 0);
+    FX_OK(kvd_core_lookup(c, b, tok, FX_PT - 1, NULL, 0, out, 8, &np, &nt));
+    assert_int_equal(np, 0);
+    assert_int_equal(kvd_core_lookup(c, b, tok, 3, &ex, KVD_EXTRA_MAX + 1, out, 8, &np, &nt),
+                     KV_ERR_INVALID_ARGUMENT);
+    kvd_session_info_t si;
+    FX_OK(kvd_core_session_info(c, b, &si));
+    assert_int_equal(si.loose_refs, 3 + 2 + 1);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
+static void test_seal_dedupe(void **state)
+{
+    kvd_core_t *c = fx_core();
+    uint64_t a, b, q;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    FX_OK(kvd_core_session_open(c, 2, 0, &b));
+    uint32_t p1;
+    seal_prompt(c, a, 5, 1, &p1);
+    /* b computes the same page itself, appends it to a sequence, then seals it */
+    uint32_t p2, tok[FX_PT], canon;
+    uint8_t h1[32], h2[32];
+    fx_tokens(5, 1, tok);
+    FX_OK(kvd_core_alloc(c, b, 1, &p2));
+    FX_OK(kvd_core_seq_open(c, b, &q));
+    FX_OK(kvd_core_seq_append(c, b, q, &p2, 1));
+    FX_OK(kvd_core_seal(c, b, p2, KVD_NONE, tok, FX_PT, NULL, 0, h2, &canon));
+    assert_int_equal(canon, p1);
+    kvd_page_info_t pi;
+    FX_OK(kvd_core_page_info(c, p1, &pi));
+    memcpy(h1, pi.hash, 32);
+    assert_memory_equal(h1, h2, 32);
+    assert_int_equal(pi.req_loose, 1); /* a's */
+    assert_int_equal(pi.req_seq, 1);   /* b's sequence now holds p1 at p2's position */
+    FX_OK(kvd_core_page_info(c, p2, &pi));
+    assert_int_equal(pi.state, KVD_PAGE_RETIRED);
+    kvd_seq_page_t sp[2];
+    uint32_t n;
+    FX_OK(kvd_core_seq_pages(c, q, sp, 2, &n, NULL));
+    assert_int_equal(n, 1);
+    assert_int_equal(sp[0].logical, p1);
+    assert_int_equal(fx_stats(c).seal_dedupes, 1);
+    FX_CHECK(c);
+    /* seal errors */
+    uint32_t p3, p4;
+    FX_OK(kvd_core_alloc(c, b, 1, &p3));
+    assert_int_equal(kvd_core_seal(c, a, p3, KVD_NONE, tok, FX_PT, NULL, 0, h2, &canon),
+                     KV_ERR_FAILED_PRECONDITION); /* not a's page */
+    assert_int_equal(kvd_core_seal(c, b, p3, KVD_NONE, tok, FX_PT - 1, NULL, 0, h2, &canon),
+                     KV_ERR_INVALID_ARGUMENT); /* partial page */
+    assert_int_equal(kvd_core_seal(c, a, p1, KVD_NONE, tok, FX_PT, NULL, 0, h2, &canon),
+                     KV_ERR_FAILED_PRECONDITION); /* already sealed */
+    FX_OK(kvd_core_alloc(c, b, 1, &p4));
+    assert_int_equal(kvd_core_seal(c, b, p3, p4, tok, FX_PT, NULL, 0, h2, &canon),
+                     KV_ERR_FAILED_PRECONDITION); /* prev not sealed */
+    FX_OK(kvd_core_seq_close(c, b, q));
+    assert_int_equal(kvd_core_seal(c, b, p3, p1, tok, FX_PT, NULL, 0, h2, &canon),
+                     KV_ERR_FAILED_PRECONDITION); /* prev no longer held by b */
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
+/* Seal `n` single-page prompts in session s and release them one by one: LRU order = order. */
+static void cache_pages(kvd_core_t *c, uint64_t s, uint32_t n, uint32_t seed0, uint32_t *ids)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        seal_prompt(c, s, seed0 + i, 1, &ids[i]);
+        FX_OK(kvd_core_release(c, s, &ids[i], 1));
+    }
+}
+
+static int cached(kvd_core_t *c, uint32_t lid)
+{
+    kvd_page_info_t pi;
+    kvd_core_page_info(c, lid, &pi);
+    return pi.cache;
+}
+
+static void test_eviction_order(void **state)
+{
+    kvd_core_t *c = fx_core();
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t ids[FX_FP8];
+    cache_pages(c, a, FX_FP8, 10, ids); /* the whole pool is cache, nothing referenced */
+    /* young: a has not reported the epochs of its releases; nothing is evicted */
+    uint32_t got[4];
+    assert_int_equal(kvd_core_alloc(c, a, 1, got), KV_ERR_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(kvd_core_errmsg(c), "evictable after epoch reports"));
+    assert_int_equal(fx_stats(c).cache_entries, FX_FP8);
+    fx_quiesce(c, a);
+    FX_OK(kvd_core_pin(c, ids[0])); /* the oldest is pinned: skipped */
+    FX_OK(kvd_core_alloc(c, a, 2, got));
+    assert_true(cached(c, ids[0]));
+    assert_false(cached(c, ids[1]));
+    assert_false(cached(c, ids[2]));
+    assert_true(cached(c, ids[3]));
+    assert_int_equal(fx_stats(c).evictions_pressure, 2);
+    FX_CHECK(c);
+    /* a lookup hit on ids[3] moves it off the LRU: ids[4] goes next */
+    uint32_t tok[FX_PT], one, np, nt;
+    fx_tokens(10 + 3, 1, tok);
+    FX_OK(kvd_core_lookup(c, a, tok, FX_PT, NULL, 0, &one, 1, &np, &nt));
+    assert_int_equal(np, 1);
+    FX_OK(kvd_core_alloc(c, a, 1, got + 2));
+    assert_true(cached(c, ids[3]));
+    assert_false(cached(c, ids[4]));
+    /* 2 evictable left (ids[5], ids[6]); asking 3 fails and evicts nothing */
+    assert_int_equal(kvd_core_alloc(c, a, 3, got), KV_ERR_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(kvd_core_errmsg(c), "1 pinned"));
+    assert_true(cached(c, ids[5]) && cached(c, ids[6]));
+    /* ids[3] released again goes to the MRU end: order is now 5, 6, 3 */
+    FX_OK(kvd_core_release(c, a, &one, 1));
+    fx_quiesce(c, a);
+    FX_OK(kvd_core_alloc(c, a, 2, got));
+    assert_true(cached(c, ids[3]));
+    assert_false(cached(c, ids[5]) || cached(c, ids[6]));
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
+static void test_quota_pin_admin(void **state)
+{
+    kvd_core_opts_t o;
+    fx_opts(&o);
+    o.cache_quota_pages[KV_FMT_FP8] = 2;
+    kvd_core_t *c = fx_core_opts(&o);
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t ids[4];
+    cache_pages(c, a, 4, 40, ids);
+    kvd_stats_t st = fx_stats(c);
+    assert_int_equal(st.cache_entries, 2);
+    assert_int_equal(st.evictions_quota, 2);
+    assert_false(cached(c, ids[0]) || cached(c, ids[1]));
+    assert_true(cached(c, ids[2]) && cached(c, ids[3]));
+    FX_CHECK(c);
+    /* pins */
+    assert_int_equal(kvd_core_pin(c, ids[0]), KV_ERR_NOT_FOUND);
+    assert_int_equal(kvd_core_pin(c, 9999), KV_ERR_INVALID_ARGUMENT);
+    FX_OK(kvd_core_pin(c, ids[2]));
+    FX_OK(kvd_core_pin(c, ids[2]));
+    kvd_page_info_t pi;
+    FX_OK(kvd_core_page_info(c, ids[2], &pi));
+    assert_int_equal(pi.pins, 2);
+    assert_false(pi.on_lru);
+    assert_int_equal(kvd_core_cache_evict(c, ids[2]), KV_ERR_FAILED_PRECONDITION);
+    FX_OK(kvd_core_unpin(c, ids[2]));
+    FX_OK(kvd_core_unpin(c, ids[2]));
+    assert_int_equal(kvd_core_unpin(c, ids[2]), KV_ERR_FAILED_PRECONDITION);
+    FX_OK(kvd_core_page_info(c, ids[2], &pi));
+    assert_true(pi.on_lru);
+    /* operator eviction of a referenced entry: stays live and sealed, no longer findable */
+    uint32_t tok[FX_PT], got, np, nt;
+    fx_tokens(43, 1, tok);
+    FX_OK(kvd_core_lookup(c, a, tok, FX_PT, NULL, 0, &got, 1, &np, &nt));
+    assert_int_equal(got, ids[3]);
+    FX_OK(kvd_core_cache_evict(c, ids[3]));
+    FX_OK(kvd_core_page_info(c, ids[3], &pi));
+    assert_int_equal(pi.state, KVD_PAGE_SEALED);
+    assert_int_equal(pi.cache, 0);
+    FX_OK(kvd_core_lookup(c, a, tok, FX_PT, NULL, 0, &got, 1, &np, &nt));
+    assert_int_equal(np, 0);
+    assert_int_equal(kvd_core_cache_evict(c, ids[3]), KV_ERR_NOT_FOUND);
+    uint32_t found;
+    assert_int_equal(kvd_core_cache_find(c, pi.hash, &found), KV_ERR_NOT_FOUND);
+    FX_OK(kvd_core_page_info(c, ids[2], &pi));
+    FX_OK(kvd_core_cache_find(c, pi.hash, &found));
+    assert_int_equal(found, ids[2]);
+    FX_OK(kvd_core_release(c, a, &ids[3], 1));
+    FX_OK(kvd_core_page_info(c, ids[3], &pi));
+    assert_int_equal(pi.state, KVD_PAGE_RETIRED);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
+static void count_cb(const kvd_page_info_t *p, void *ud)
+{
+    uint32_t *v = ud;
+    v[v[0] + 1] = p->logical;
+    v[0]++;
+}
+
+/* A cached page retiered to TQ3 stays findable, joins the TQ3 LRU; listing shows LRU first. */
+static void test_cached_page_changes_format(void **state)
+{
+    kvd_core_t *c = fx_core();
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t ids[3];
+    cache_pages(c, a, 3, 70, ids);
+    FX_OK(kvd_core_convert(c, ids[1], KV_FMT_TQ3));
+    kvd_stats_t st = fx_stats(c);
+    assert_int_equal(st.pages_cached[KV_FMT_FP8], 2);
+    assert_int_equal(st.pages_cached[KV_FMT_TQ3], 1);
+    assert_int_equal(st.pages_lru[KV_FMT_TQ3], 1);
+    FX_CHECK(c);
+    uint32_t list[8] = {0};
+    kvd_core_cache_foreach(c, count_cb, list);
+    assert_int_equal(list[0], 3);
+    assert_int_equal(list[1], ids[0]); /* FP8 LRU head first, then TQ3 */
+    assert_int_equal(list[2], ids[2]);
+    assert_int_equal(list[3], ids[1]);
+    uint32_t tok[FX_PT], got, np, nt;
+    fx_tokens(71, 1, tok);
+    FX_OK(kvd_core_lookup(c, a, tok, FX_PT, NULL, 0, &got, 1, &np, &nt));
+    assert_int_equal(np, 1);
+    assert_int_equal(got, ids[1]);
+    assert_int_equal(kv_dir_fmt(kvd_core_backend(c)->dir[got]), KV_FMT_TQ3);
+    assert_int_equal(kv_dir_flags(kvd_core_backend(c)->dir[got]), KV_DIR_VALID | KV_DIR_SEALED);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chain_hash),
+        cmocka_unit_test(test_longest_prefix),
+        cmocka_unit_test(test_seal_dedupe),
+        cmocka_unit_test(test_eviction_order),
+        cmocka_unit_test(test_quota_pin_admin),
+        cmocka_unit_test(test_cached_page_changes_format),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
