@@ -38,7 +38,9 @@
  *
  * TQ3 keys: u = k/‖k‖, y = R u, code_i = nearest of KV_TQ3_CENTROIDS[]/sqrt(d) to y_i,
  * norm γ chosen by the codec (docs/formats.md says which and why). Score: q·k̂ = γ (R q)·ĉ.
- * TQ3 values: y = R v, zero = min y, scale = (max y − min y)/7, code = rint((y−zero)/scale).
+ * TQ3 values: y = R v; step = 0.5860·σ(y) (the MSE-optimal uniform 8-level grid of a Gaussian);
+ * if 7·step < max y − min y: zero = mean y − 3.5·step, scale = step (tails clip), else
+ * zero = min y, scale = (max y − min y)/7; code = clamp(rint((y−zero)/scale), 0, 7).
  *
  * All offsets are computed in 64 bits.
  */
@@ -82,6 +84,7 @@ enum { KV_KIND_K = 0, KV_KIND_V = 1 };
 #define KV_BLOCK_ALIGN 16u
 #define KV_PAGE_ALIGN 256u
 #define KV_MAX_HEAD_DIM 256
+#define KV_TQ3_VALUE_STEP_SIGMAS 0.5860f /* optimal uniform 8-level step for N(0,1), in σ */
 
 /* Lloyd–Max 3-bit quantizer for N(0,1), ascending; code i ↦ KV_TQ3_CENTROIDS[i] / sqrt(d). */
 #define KV_TQ3_CENTROIDS_INIT                                                                      \

@@ -145,14 +145,30 @@ void kv_tq3_encode_value(uint64_t seed, uint32_t d, const float *v, uint32_t *pl
     *zero = 0;
 
     kv_rot_forward(seed, d, v, y);
-    float lo = y[0], hi = y[0];
+    float lo = y[0], hi = y[0], sum = 0.0f;
     for (uint32_t i = 0; i < d; i++) {
         if (!isfinite(y[i]))
             return;
         lo = y[i] < lo ? y[i] : lo;
         hi = y[i] > hi ? y[i] : hi;
+        sum += y[i];
     }
-    uint16_t zh = half_sat(lo), sh = half_sat((hi - lo) / 7.0f);
+    /* Grid choice. The rotated coordinates are close to Gaussian, and the min/max grid of d
+     * Gaussians spans ~4.9σ (d=64) to ~5.8σ (d=256): too coarse (NMSE 0.038 → 0.055). The
+     * MSE-optimal uniform 8-level grid for N(μ,σ²) has step 0.5860σ (Max 1960; NMSE 0.0374),
+     * clipping the tails. Use it whenever it is narrower than min/max, centred on the mean;
+     * sums run in index order in float (the GPU twin sums the same way but in another order,
+     * so its codes may differ by one step where a value sits on a rounding boundary). */
+    float mean = sum / (float)d, var = 0.0f;
+    for (uint32_t i = 0; i < d; i++)
+        var += (y[i] - mean) * (y[i] - mean);
+    float step = KV_TQ3_VALUE_STEP_SIGMAS * sqrtf(var / (float)d);
+    float z0 = lo, s0 = (hi - lo) / 7.0f;
+    if (step < s0) {
+        z0 = mean - 3.5f * step;
+        s0 = step;
+    }
+    uint16_t zh = half_sat(z0), sh = half_sat(s0);
     float z = kv_half_to_float(zh), s = kv_half_to_float(sh);
     *scale = sh;
     *zero = zh;
