@@ -45,6 +45,8 @@ struct kvc_s {
     int auth_failed;
     /* session */
     uint64_t session, epoch, instance;
+    int manual_epoch;    /* 0: report the latest epoch seen (no asynchronous kernels) */
+    uint64_t safe_epoch; /* manual mode: what the engine last declared */
     uint32_t pid_seen;
     kv_geom_t geom;
     uint8_t *pool[KV_FMT_COUNT];
@@ -157,10 +159,20 @@ kv_err_t kvc_send_raw(kvc_t *c, const void *buf, size_t len)
     return KV_ERR_OK;
 }
 
+void kvc_set_safe_epoch(kvc_t *c, uint64_t safe_epoch)
+{
+    c->manual_epoch = 1;
+    if (safe_epoch > c->safe_epoch)
+        c->safe_epoch = safe_epoch;
+}
+
 kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id)
 {
     req->version = KVP_VERSION;
     req->id = c->next_id++;
+    /* every call carries the safe epoch once a session exists (0 = not reported) */
+    if (c->session && !req->completed_epoch)
+        req->completed_epoch = c->manual_epoch ? c->safe_epoch : c->epoch;
     size_t n = kvd__request__get_packed_size(req);
     uint8_t stackbuf[4096];
     uint8_t *buf = n <= sizeof stackbuf ? stackbuf : malloc(n);
@@ -263,6 +275,8 @@ static kv_err_t kvc_recv_one(kvc_t *c, int64_t deadline, Kvd__Reply **rep)
 
 static kv_err_t kvc_reply_status(kvc_t *c, Kvd__Reply *r)
 {
+    if (r->epoch > c->epoch)
+        c->epoch = r->epoch;
     kv_err_t e = kv_err_valid((int)r->status) ? (kv_err_t)r->status : KV_ERR_INTERNAL;
     if (e != KV_ERR_OK)
         snprintf(c->err, sizeof c->err, "%s: %s", kv_err_name((int)e),

@@ -63,6 +63,13 @@ uint32_t kvc_dir_entries(const kvc_t *c);
  * NULL when unmapped, out of range or not valid. */
 uint8_t *kvc_page_ptr(const kvc_t *c, uint32_t page);
 
+/* Epochs (core.h, "Epochs"): every call carries the client's safe epoch D. By default libkvc
+ * reports the latest epoch it has seen, which is right for a client with no asynchronous
+ * kernels (kvctl, tests, CPU engines). An engine with GPU kernels in flight calls this with
+ * min(tag of its oldest in-flight kernel, kvc_epoch()) instead; from then on libkvc reports
+ * only what the engine declared. */
+void kvc_set_safe_epoch(kvc_t *c, uint64_t safe_epoch);
+
 /* ---- pipelining -------------------------------------------------------------------------- */
 /* Fill version and a fresh id, pack and send. req stays owned by the caller. */
 kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id);

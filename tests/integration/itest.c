@@ -1,0 +1,215 @@
+/* itest.c — see itest.h. */
+#include "itest.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+int64_t itest_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void itest_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+void itest_kvd_start(itest_kvd_t *k, const char *const *extra)
+{
+    memset(k, 0, sizeof *k);
+    snprintf(k->dir, sizeof k->dir, "/tmp/kvd-it-XXXXXX");
+    assert_non_null(mkdtemp(k->dir));
+    snprintf(k->endpoint, sizeof k->endpoint, "ipc://%s/run/kvd.sock", k->dir);
+    snprintf(k->log, sizeof k->log, "%s/kvd.log", k->dir);
+    char fds[400];
+    snprintf(fds, sizeof fds, "%s/run/kvd.sock.fds", k->dir);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = KVD_BIN;
+    const char *base[] = {"--endpoint", k->endpoint, "--layers", "2", "--kv_heads", "2",
+                          "--head_dim", "64", "--page_tokens", "16", "--pages_fp8", "256",
+                          "--pages_tq3", "64", "--epoch_ms", "5", NULL};
+    for (int i = 0; base[i]; i++)
+        argv[n++] = base[i];
+    for (int i = 0; extra && extra[i] && n < 62; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(k->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            dup2(fd, 2);
+            close(fd);
+        }
+        execv(KVD_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    k->pid = pid;
+    /* ready when the fd socket exists (the daemon creates it last) */
+    for (int64_t t0 = itest_now_us(); itest_now_us() - t0 < 30000000;) {
+        struct stat st;
+        if (stat(fds, &st) == 0)
+            return;
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            char cmd[400];
+            snprintf(cmd, sizeof cmd, "cat %s >&2", k->log);
+            if (system(cmd)) {
+            }
+            fail_msg("kvd exited during startup (status %d)", status);
+        }
+        itest_sleep_ms(5);
+    }
+    kill(pid, SIGKILL);
+    fail_msg("kvd did not become ready within 30 s");
+}
+
+int itest_kvd_stop(itest_kvd_t *k)
+{
+    if (k->pid <= 0)
+        return -1;
+    kill(k->pid, SIGTERM);
+    int status = 0;
+    for (int64_t t0 = itest_now_us(); itest_now_us() - t0 < 30000000;) {
+        if (waitpid(k->pid, &status, WNOHANG) == k->pid)
+            goto done;
+        itest_sleep_ms(5);
+    }
+    kill(k->pid, SIGKILL);
+    waitpid(k->pid, &status, 0);
+done:
+    k->pid = 0;
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (rc != 0) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "cat %s >&2", k->log);
+        if (system(cmd)) {
+        }
+    }
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", k->dir);
+    if (system(cmd)) {
+    }
+    return rc;
+}
+
+kvc_t *itest_connect(const itest_kvd_t *k, const char *name)
+{
+    kvc_t *c = NULL;
+    assert_int_equal(kvc_connect(&c, k->endpoint, 30000), KV_ERR_OK);
+    kv_err_t e = kvc_hello(c, NULL, name, 1);
+    if (e != KV_ERR_OK)
+        fail_msg("hello failed: %s", kvc_errmsg(c));
+    return c;
+}
+
+uint64_t itest_stat(const itest_kvd_t *k, const char *name)
+{
+    kvc_t *c = NULL;
+    assert_int_equal(kvc_connect(&c, k->endpoint, 30000), KV_ERR_OK);
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
+    req.body_case = KVD__REQUEST__BODY_STATUS;
+    req.status = &st;
+    Kvd__Reply *rep = NULL;
+    kv_err_t e = kvc_call(c, &req, &rep);
+    if (e != KV_ERR_OK)
+        fail_msg("status failed: %s", kvc_errmsg(c));
+    int found = 0;
+    uint64_t v = 0;
+    for (size_t i = 0; i < rep->status_rep->n_stats; i++)
+        if (strcmp(rep->status_rep->stats[i]->name, name) == 0) {
+            v = rep->status_rep->stats[i]->value;
+            found = 1;
+        }
+    kvc_reply_free(&rep);
+    kvc_close(&c);
+    if (!found)
+        fail_msg("no stat named %s", name);
+    return v;
+}
+
+int64_t itest_wait_stat(const itest_kvd_t *k, const char *name, uint64_t want, int timeout_ms)
+{
+    int64_t t0 = itest_now_us();
+    for (;;) {
+        if (itest_stat(k, name) == want)
+            return (itest_now_us() - t0) / 1000;
+        if (itest_now_us() - t0 > (int64_t)timeout_ms * 1000)
+            return -1;
+        itest_sleep_ms(2);
+    }
+}
+
+int itest_kvctl(const itest_kvd_t *k, char *out, size_t cap, const char *const *args)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        const char *argv[32];
+        int n = 0;
+        argv[n++] = KVCTL_BIN;
+        argv[n++] = "--endpoint";
+        argv[n++] = k->endpoint;
+        argv[n++] = "--timeout";
+        argv[n++] = "30000";
+        for (int i = 0; args[i] && n < 31; i++)
+            argv[n++] = args[i];
+        argv[n] = NULL;
+        dup2(p[1], 1);
+        close(p[0]);
+        close(p[1]);
+        execv(KVCTL_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    close(p[1]);
+    size_t len = 0;
+    for (;;) {
+        char tmp[4096];
+        ssize_t r = read(p[0], tmp, sizeof tmp);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        size_t take = (size_t)r;
+        if (cap && len + take > cap - 1)
+            take = cap - 1 - len;
+        if (cap)
+            memcpy(out + len, tmp, take);
+        len += take;
+    }
+    if (cap)
+        out[len] = '\0';
+    close(p[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+void itest_assert_check(const itest_kvd_t *k)
+{
+    char out[8192];
+    const char *args[] = {"check", NULL};
+    int rc = itest_kvctl(k, out, sizeof out, args);
+    if (rc != 0 || !strstr(out, "leaks: 0"))
+        fail_msg("kvctl check failed (rc %d):\n%s", rc, out);
+}

@@ -1,0 +1,40 @@
+/* itest.h — helpers shared by the integration tests: start the real kvd on a temporary ipc
+ * endpoint (mkdtemp), wait for it without fixed sleeps, run kvctl, read figures, stop it and
+ * require a clean exit. Binaries come from the build (KVD_BIN, KVCTL_BIN compile definitions).
+ *
+ * Timeouts are generous (tens of seconds) because CI is a loaded 2-core machine; every wait
+ * polls a condition every few milliseconds and returns as soon as it holds.
+ */
+#ifndef ITEST_H
+#define ITEST_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kvc.h"
+
+typedef struct itest_kvd_s {
+    char dir[256];      /* mkdtemp directory */
+    char endpoint[320]; /* ipc://DIR/run/kvd.sock */
+    char log[320];      /* daemon's stderr */
+    pid_t pid;
+} itest_kvd_t;
+
+/* Start kvd with small test geometry plus extra "--key value" args (NULL-terminated list).
+ * Aborts the test on failure. */
+void itest_kvd_start(itest_kvd_t *k, const char *const *extra);
+/* SIGTERM, wait; returns the exit status (0 = clean). Removes the temp dir. */
+int itest_kvd_stop(itest_kvd_t *k);
+/* Connect + hello (map = 1) with a generous timeout; aborts on failure. */
+kvc_t *itest_connect(const itest_kvd_t *k, const char *name);
+/* Value of a status stat by name ("request_refs", "pages_open.fp8"); aborts when missing. */
+uint64_t itest_stat(const itest_kvd_t *k, const char *name);
+/* Run kvctl with args (NULL-terminated); stdout into out[cap]; returns its exit status. */
+int itest_kvctl(const itest_kvd_t *k, char *out, size_t cap, const char *const *args);
+/* Wait (polling) until stat `name` == want, up to timeout_ms. Returns elapsed ms or -1. */
+int64_t itest_wait_stat(const itest_kvd_t *k, const char *name, uint64_t want, int timeout_ms);
+int64_t itest_now_us(void);
+/* kvctl check passes (exit 0 and "leaks: 0"). */
+void itest_assert_check(const itest_kvd_t *k);
+
+#endif /* ITEST_H */
