@@ -1,0 +1,206 @@
+/* it_malformed.c — malformed input of every kind gets an error reply and the daemon keeps
+ * serving (issue 3, test 4): random bytes, truncated and oversized frames, wrong version,
+ * extra frames, out-of-range ids and counts, calls before hello. After each group the daemon
+ * still answers status and kvctl check is clean. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include <cmocka.h>
+
+#include "itest.h"
+
+static kv_err_t raw_call(kvc_t *c, const void *buf, size_t n, Kvd__Reply **rep)
+{
+    assert_int_equal(kvc_send_raw(c, buf, n), KV_ERR_OK);
+    return kvc_recv_any(c, rep);
+}
+
+static void assert_alive(const itest_kvd_t *k)
+{
+    assert_int_equal(itest_stat(k, "sessions") < 1000, 1);
+}
+
+static void test_random_and_truncated_bytes(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = NULL;
+    assert_int_equal(kvc_connect(&c, k.endpoint, 30000), KV_ERR_OK);
+    srand(4242);
+    uint8_t buf[600];
+    int errors = 0;
+    for (int it = 0; it < 300; it++) {
+        size_t n = (size_t)(rand() % (int)sizeof buf) + 1;
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (uint8_t)rand();
+        Kvd__Reply *rep = NULL;
+        kv_err_t e = raw_call(c, buf, n, &rep);
+        assert_non_null(rep); /* every message gets a reply */
+        if (e != KV_ERR_OK)
+            errors++;
+        kvc_reply_free(&rep);
+    }
+    assert_true(errors >= 295); /* random bytes are (almost) never a valid admin call */
+    /* a valid request, truncated at every length */
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__LookupReq lk = KVD__LOOKUP_REQ__INIT;
+    uint32_t tok[40];
+    for (int i = 0; i < 40; i++)
+        tok[i] = 100000u + (uint32_t)i * 999u;
+    req.version = KVP_VERSION;
+    req.id = 9;
+    req.body_case = KVD__REQUEST__BODY_LOOKUP;
+    req.lookup = &lk;
+    lk.tokens = tok;
+    lk.n_tokens = 40;
+    size_t full = kvd__request__pack(&req, buf);
+    for (size_t n = 1; n < full; n++) {
+        Kvd__Reply *rep = NULL;
+        kv_err_t e = raw_call(c, buf, n, &rep);
+        assert_non_null(rep);
+        assert_int_not_equal(e, KV_ERR_OK);
+        kvc_reply_free(&rep);
+    }
+    kvc_close(&c);
+    assert_alive(&k);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+static void test_bad_fields_get_named_errors(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = NULL;
+    assert_int_equal(kvc_connect(&c, k.endpoint, 30000), KV_ERR_OK);
+    uint32_t pages[4];
+    /* before hello */
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, pages), KV_ERR_NO_SESSION);
+    assert_non_null(strstr(kvc_errmsg(c), "hello"));
+    /* wrong version, id echoed */
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
+    req.version = 77;
+    req.id = 123456;
+    req.body_case = KVD__REQUEST__BODY_STATUS;
+    req.status = &st;
+    uint8_t buf[256];
+    size_t n = kvd__request__pack(&req, buf);
+    Kvd__Reply *rep = NULL;
+    assert_int_equal(raw_call(c, buf, n, &rep), KV_ERR_VERSION_MISMATCH);
+    assert_int_equal(rep->id, 123456);
+    kvc_reply_free(&rep);
+
+    kvc_close(&c);
+    c = itest_connect(&k, "bad-fields");
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 0, pages), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 100000, pages), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvc_alloc(c, KV_FMT_TQ3, 1, pages), KV_ERR_INVALID_ARGUMENT);
+    uint32_t bad = 4000000000u;
+    assert_int_equal(kvc_release(c, &bad, 1), KV_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvc_errmsg(c), "out of range"));
+    uint32_t free_id = 7; /* in range, but not held by this session */
+    assert_int_equal(kvc_release(c, &free_id, 1), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 2, pages), KV_ERR_OK);
+    uint32_t tok[17] = {0}, out;
+    assert_int_equal(kvc_seal(c, pages[0], KVP_NO_PAGE, tok, 17, NULL, 0, &out),
+                     KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvc_seal(c, pages[0], KVP_NO_PAGE, tok, 15, NULL, 0, &out),
+                     KV_ERR_INVALID_ARGUMENT);
+    uint8_t extra[300] = {0};
+    assert_int_equal(kvc_seal(c, pages[0], KVP_NO_PAGE, tok, 16, extra, 300, &out),
+                     KV_ERR_INVALID_ARGUMENT);
+    /* prev not sealed */
+    assert_int_equal(kvc_seal(c, pages[0], pages[1], tok, 16, NULL, 0, &out),
+                     KV_ERR_FAILED_PRECONDITION);
+    assert_int_equal(kvc_seq_append(c, 999, pages, 1), KV_ERR_NOT_FOUND);
+    assert_int_equal(kvc_seq_close(c, 999), KV_ERR_NOT_FOUND);
+    assert_int_equal(kvc_release(c, pages, 2), KV_ERR_OK);
+    assert_int_equal(kvc_release(c, pages, 1), KV_ERR_INVALID_ARGUMENT); /* double release */
+    kvc_close(&c);
+    assert_alive(&k);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+static void test_frames_and_oversize(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--max_msg_bytes", "65536", NULL};
+    itest_kvd_t k;
+    itest_kvd_start(&k, extra);
+    void *ctx = zmq_ctx_new();
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0, tmo = 30000;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    assert_int_equal(zmq_connect(d, k.endpoint), 0);
+    /* five frames: more than the envelope allows */
+    for (int i = 0; i < 4; i++)
+        zmq_send(d, "x", 1, ZMQ_SNDMORE);
+    zmq_send(d, "y", 1, 0);
+    uint8_t rb[4096];
+    int r = zmq_recv(d, rb, sizeof rb, 0);
+    assert_true(r > 0);
+    /* the reply may come as several frames (envelope echoed); read the last */
+    int more;
+    size_t ms = sizeof more;
+    zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ms);
+    while (more) {
+        r = zmq_recv(d, rb, sizeof rb, 0);
+        zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ms);
+    }
+    Kvd__Reply *rep = kvd__reply__unpack(NULL, (size_t)r, rb);
+    assert_non_null(rep);
+    assert_int_equal(rep->status, KVD__STATUS__MALFORMED);
+    kvd__reply__free_unpacked(rep, NULL);
+    /* empty payload after an empty delimiter (a REQ-style envelope) */
+    zmq_send(d, "", 0, ZMQ_SNDMORE);
+    zmq_send(d, "", 0, 0);
+    r = zmq_recv(d, rb, sizeof rb, 0); /* delimiter echoed */
+    assert_int_equal(r, 0);
+    r = zmq_recv(d, rb, sizeof rb, 0);
+    rep = kvd__reply__unpack(NULL, (size_t)r, rb);
+    assert_non_null(rep);
+    assert_int_equal(rep->status, KVD__STATUS__MALFORMED);
+    kvd__reply__free_unpacked(rep, NULL);
+    /* oversized: libzmq drops the connection (ZMQ_MAXMSGSIZE), the daemon serves on */
+    size_t big = 200000;
+    uint8_t *bb = calloc(1, big);
+    assert_non_null(bb);
+    zmq_send(d, bb, big, 0);
+    free(bb);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    assert_alive(&k);
+    /* a lookup that is large but within max_msg_bytes and over max_tokens is refused by field */
+    kvc_t *c = itest_connect(&k, "big");
+    char out[4096];
+    const char *set[] = {"config", "set", "max_tokens", "1000", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, set), 0);
+    uint32_t tok[2000] = {0}, pg[200];
+    size_t np;
+    assert_int_equal(kvc_lookup(c, tok, 2000, NULL, 0, 0, pg, 200, &np, NULL),
+                     KV_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvc_errmsg(c), "max 1000"));
+    kvc_close(&c);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_random_and_truncated_bytes),
+        cmocka_unit_test(test_bad_fields_get_named_errors),
+        cmocka_unit_test(test_frames_and_oversize),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
