@@ -20,7 +20,8 @@ static void ref_hash(const uint8_t key[32], const uint8_t *prev, const uint32_t 
     for (uint32_t i = 0; i < n; i++)
         for (int j = 0; j < 4; j++)
             buf[b++] = (uint8_t)(tok[i] >> (8 * j));
-    memcpy(buf + b, extra, elen);
+    if (elen)
+        memcpy(buf + b, extra, elen);
     b += elen;
     crypto_generichash(out, 32, buf, b, key, 32);
 }
