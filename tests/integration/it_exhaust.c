@@ -1,0 +1,148 @@
+/* it_exhaust.c — pool exhaustion, eviction order and pinning through the RPC (issue 3,
+ * test 5; docs/daemon.md "Exhaustion and eviction").
+ *
+ * Pool: 256 FP8 pages. Three 4-page prompts P1, P2, P3 are sealed and released (cached,
+ * unreferenced, on the LRU), then P1 is looked up again (most recently used); P2's first page
+ * is pinned. Filling the pool with open pages then asks for pages the free list does not
+ * have: the daemon must evict unreferenced cache entries least-recently-used first, never the
+ * pinned page and never P1 before the older ones; when only pinned/referenced pages remain,
+ * alloc fails with RESOURCE_EXHAUSTED and a message an engine can act on.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "itest.h"
+
+#define PT 16
+#define POOL 256
+
+static void seal_prompt(kvc_t *c, uint32_t base, uint32_t *canon)
+{
+    uint32_t pages[4], tok[4 * PT];
+    for (uint32_t i = 0; i < 4 * PT; i++)
+        tok[i] = base + i;
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 4, pages), KV_ERR_OK);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(kvc_seal(c, pages[i], i ? canon[i - 1] : KVP_NO_PAGE, tok + i * PT, PT,
+                                  NULL, 0, &canon[i]),
+                         KV_ERR_OK);
+    assert_int_equal(kvc_release(c, canon, 4), KV_ERR_OK);
+}
+
+static size_t cached_prefix(kvc_t *c, uint32_t base)
+{
+    uint32_t tok[4 * PT], pages[4];
+    for (uint32_t i = 0; i < 4 * PT; i++)
+        tok[i] = base + i;
+    size_t n = 0;
+    assert_int_equal(kvc_lookup(c, tok, 4 * PT, NULL, 0, 1 /* peek */, pages, 4, &n, NULL),
+                     KV_ERR_OK);
+    return n;
+}
+
+static void test_exhaustion_eviction_order_and_pins(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = itest_connect(&k, "exhaust");
+    uint32_t p1[4], p2[4], p3[4];
+    seal_prompt(c, 1000, p1);
+    seal_prompt(c, 2000, p2);
+    seal_prompt(c, 3000, p3);
+    /* touch P1: lookup (acquire) + release makes it the most recently used */
+    uint32_t tok[4 * PT], got[4];
+    for (uint32_t i = 0; i < 4 * PT; i++)
+        tok[i] = 1000 + i;
+    size_t n;
+    assert_int_equal(kvc_lookup(c, tok, 4 * PT, NULL, 0, 0, got, 4, &n, NULL), KV_ERR_OK);
+    assert_int_equal(n, 4);
+    assert_int_equal(kvc_release(c, got, 4), KV_ERR_OK);
+    char out[8192], pg[16];
+    snprintf(pg, sizeof pg, "%u", p2[0]);
+    const char *pin[] = {"cache", "pin", pg, NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, pin), 0);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 12);
+
+    /* fill the free list exactly: no eviction yet */
+    static uint32_t open_pages[POOL];
+    uint32_t nfree = (uint32_t)itest_stat(&k, "pages_free.fp8");
+    assert_int_equal(nfree, POOL - 12);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, nfree, open_pages), KV_ERR_OK);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 12);
+    /* 4 more pages: the 4 least recently used unpinned entries go, i.e. P2's unpinned pages
+     * and P3's; P1 (touched last) and the pinned page stay */
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 4, open_pages + nfree), KV_ERR_OK);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 8);
+    assert_int_equal(itest_stat(&k, "evictions_pressure"), 4);
+    assert_int_equal(cached_prefix(c, 1000), 4);
+    assert_int_equal(cached_prefix(c, 2000), 1); /* the pinned head survives alone */
+    /* the rest: P3 (4) then P1 (4) can go; the pinned page never */
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 7, open_pages + nfree + 4), KV_ERR_OK);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 1);
+    assert_int_equal(cached_prefix(c, 3000), 0);
+    assert_int_equal(cached_prefix(c, 1000), 0);
+    uint32_t one;
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, &one), KV_ERR_RESOURCE_EXHAUSTED);
+    print_message("exhausted: %s\n", kvc_errmsg(c));
+    assert_non_null(strstr(kvc_errmsg(c), "RESOURCE_EXHAUSTED"));
+    assert_true(strlen(kvc_errmsg(c)) > 40);
+    assert_int_equal(itest_stat(&k, "alloc_exhausted"), 1);
+    assert_int_equal(cached_prefix(c, 2000), 1);
+    /* unpin: now it can be evicted */
+    const char *unpin[] = {"cache", "unpin", pg, NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, unpin), 0);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, &one), KV_ERR_OK);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 0);
+    /* releasing open pages frees them (no cache involvement) */
+    assert_int_equal(kvc_release(c, open_pages, nfree + 11), KV_ERR_OK);
+    assert_int_equal(kvc_release(c, &one, 1), KV_ERR_OK);
+    assert_int_equal(kvc_heartbeat(c, 0), KV_ERR_OK);
+    assert_true(itest_wait_stat(&k, "pages_free.fp8", POOL, 30000) >= 0);
+    kvc_close(&c);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+static void test_admin_evict_all_keeps_pinned(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = itest_connect(&k, "evict");
+    uint32_t p1[4], p2[4];
+    seal_prompt(c, 1000, p1);
+    seal_prompt(c, 2000, p2);
+    char out[8192], pg[16];
+    snprintf(pg, sizeof pg, "%u", p1[0]);
+    const char *pin[] = {"cache", "pin", pg, NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, pin), 0);
+    const char *ev[] = {"--json", "cache", "evict", "all", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, ev), 0);
+    assert_non_null(strstr(out, "\"evicted\":7"));
+    const char *ls[] = {"cache", "ls", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, ls), 0);
+    assert_non_null(strstr(out, "1 entries"));
+    const char *page[] = {"--json", "page", pg, NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, page), 0);
+    assert_non_null(strstr(out, "\"pinned\":true"));
+    const char *evp[] = {"cache", "evict", pg, NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, evp), 1); /* pinned: unpin first */
+    kvc_close(&c);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_exhaustion_eviction_order_and_pins),
+        cmocka_unit_test(test_admin_evict_all_keeps_pinned),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
