@@ -24,7 +24,9 @@
  *     float/half rounding boundary: a code flip or a 1-ulp FP16 difference is possible in
  *     principle and is what tests/gpu/test_kernels counts (docs/perf.md has the counts);
  *   - value min/max are order-free (except for the sign of an all-zero minimum: the twin keeps
- *     the first of −0/+0 it meets, the GPU whichever the reduction meets).
+ *     the first of −0/+0 it meets, the GPU whichever the reduction meets); the value grid's
+ *     float mean and variance are summed in the twin's sequential order (the running sum is
+ *     passed lane to lane), so scale, zero and the value codes are bit-identical.
  * Promote is bit-exact: decode, inverse rotation and the FP8 row codec are all order-fixed.
  */
 #include "kvkern_cuda.h"
@@ -103,6 +105,26 @@ template <int LPR> __device__ __forceinline__ float row_min(float v)
     for (int m = 1; m < LPR; m <<= 1)
         v = fminf(v, __shfl_xor_sync(0xffffffffu, v, m));
     return v;
+}
+
+/* Σ v over the row in coordinate order 0, 1, …, d−1 with one float add at a time — the twin's
+ * exact order (tq3.c sums the rotated values sequentially in float). The running sum is
+ * handed from lane to lane of the row; all lanes get the total. */
+template <int LPR> __device__ __forceinline__ float row_seq_sum(const float (&v)[32], uint32_t q)
+{
+    const uint32_t base = (threadIdx.x & 31u) & ~(uint32_t)(LPR - 1);
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < LPR; k++) {
+        const float run = k == 0 ? 0.0f : __shfl_sync(0xffffffffu, acc, base + k - 1);
+        if (q == (uint32_t)k) {
+            acc = run;
+#pragma unroll
+            for (int j = 0; j < 32; j++)
+                acc = __fadd_rn(acc, v[j]);
+        }
+    }
+    return __shfl_sync(0xffffffffu, acc, base + LPR - 1);
 }
 
 /* Where a row lives: its block in the source and destination pages and the token. */
@@ -258,6 +280,16 @@ __global__ void __launch_bounds__(kConvThreads)
     lo = row_min<LPR>(lo);
     hi = row_max<LPR>(hi);
     bad = row_sum<LPR>(bad);
+    /* value grid (tq3.c): mean and variance summed sequentially in float, step 0.586σ */
+    const float sum = row_seq_sum<LPR>(x, q);
+    const float mean = __fdiv_rn(sum, (float)D);
+    float dev[32];
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        const float e = __fsub_rn(x[j], mean);
+        dev[j] = __fmul_rn(e, e);
+    }
+    const float var = row_seq_sum<LPR>(dev, q);
     if (!ok)
         return;
 
@@ -270,8 +302,15 @@ __global__ void __launch_bounds__(kConvThreads)
     } else {
         uint16_t zh = 0, sh = 0;
         if (!bad) {
-            zh = half_sat_bits(lo);
-            sh = half_sat_bits(__fdiv_rn(__fsub_rn(hi, lo), 7.0f));
+            const float step =
+                __fmul_rn(KV_TQ3_VALUE_STEP_SIGMAS, __fsqrt_rn(__fdiv_rn(var, (float)D)));
+            float z0 = lo, s0 = __fdiv_rn(__fsub_rn(hi, lo), 7.0f);
+            if (step < s0) { /* the clipped MSE-optimal grid is narrower than min/max */
+                z0 = __fsub_rn(mean, __fmul_rn(3.5f, step));
+                s0 = step;
+            }
+            zh = half_sat_bits(z0);
+            sh = half_sat_bits(s0);
             const float z = half_bits_to_float(zh), s = half_bits_to_float(sh);
             if (s > 0.0f) {
 #pragma unroll

@@ -1,0 +1,785 @@
+/* attn.cu — mixed-format split-K paged decode attention and the partition merge (twins of
+ * kv_attn_partial / kv_attn_merge in attn.c; docs/attention.md has the math, docs/perf.md the
+ * figures).
+ *
+ * Grid of the partial kernel: (kv_heads · head_groups, num_splits, batch), one launch per format.
+ * A block
+ * owns one partition of kvkern.h — (sequence, split, format) — for one KV head and up to 8 of
+ * its query heads, so every K/V code is fetched and decoded ONCE for the whole GQA group.
+ * Separate blocks for FP8 and TQ3 keep each block's inner loop branch-free; a block whose split
+ * holds no page of its format only scans the directory and stores the empty partition.
+ *
+ *   dir[page_ids[p]] ─► compacted list of (phys, live tokens) of this format in smem
+ *        │  (read per page at run time; invalid entries are skipped)
+ *        ▼
+ *   8 warps, each takes 16-token tiles of the list:
+ *        S[8 heads × 16 tok] = Q[8 × d] · Kᵀ        mma.m16n8k16 f16→f32, rows 8–15 unused
+ *        online softmax in log2 units (q pre-scaled by sm_scale·log2 e)
+ *        Oᵀ[d × 8 heads] += Vᵀ[d × 16 tok] · Pᵀ      mma.m16n8k16, P straight from S's registers
+ *   block merge of the 8 warps (smem) ─► TQ3: Ō un-rotated once (FWHT in smem) ─► m, l, Ō
+ *
+ * Fragment layouts (PTX ISA, mma.m16n8k16, g = lane/4, t = lane%4). The contraction index of
+ * each MMA may be permuted freely as long as both operands agree; that is what lets every lane
+ * read contiguous code bytes:
+ *   QK:  B = Kᵀ, lane holds token g of the n-tile and coordinates 4·G(s,t) … +3 at k-step s,
+ *        G(s,t) = (s/r)·4r + t·r + s%r with r = min(8, d/16) — for d = 128 lane t owns the 32
+ *        coordinates 32t … 32t+31, i.e. 32 FP8 bytes or exactly TQ3 group t (12 bytes).
+ *   PV:  A = Vᵀ (rows = coordinates), lane holds tokens 2t, 2t+1, 2t+8, 2t+9 and the d/8
+ *        coordinates g·d/8 … of each: 16 FP8 bytes at d = 128, or half a TQ3 group. Row r of
+ *        m-tile i is coordinate 4·(g·d/32 + i/2) + 2·(i%2) + r/8.
+ *        B = Pᵀ: exactly the S accumulator registers of the two QK n-tiles (no shuffles).
+ *
+ * Decoding: FP8 pairs → f16x2 by cvt.e4m3x2 (exact); TQ3: a 4096-entry table in shared memory
+ * maps the three 4-bit plane nibbles of 4 coordinates to 4 halves (centroids for K, the
+ * integer codes 0..7 for V), so 4 codes cost 3 shifts, 3 masks and one 8-byte load. The K
+ * centroid enters as its FP16 rounding (≤ 3.3e-4 relative) and the query as FP16; the TQ3
+ * value affine map is applied outside the MMA — Σ p·(zero + code·scale) = Σ p·zero +
+ * Σ (p·scale)·code — so V codes are exact and zero is carried in fp32. P·scale goes into the
+ * MMA as FP16; a per-warp power-of-two factor F (from the first tile's largest scale) keeps
+ * it out of FP16's subnormal range. Accumulation is fp32 throughout.
+ */
+#include "kvkern_cuda.h"
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <float.h>
+#include <math.h>
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kPageBatch = kThreads; /* directory entries compacted per round */
+constexpr int kMaxGroup = 8;         /* query heads per block */
+constexpr int kLutEntries = 4096;
+constexpr size_t kLutBytes = 2 * kLutEntries * sizeof(uint2); /* K and V tables */
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__constant__ float c_centroid[KV_TQ3_LEVELS] = KV_TQ3_CENTROIDS_INIT;
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
+{
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+/* two e4m3 codes (low byte → low half) to f16x2, exact */
+__device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t two)
+{
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+    return (uint32_t)r.x | ((uint32_t)r.y << 16);
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
+{
+    return __byte_perm(a, b, sel);
+}
+
+__device__ __forceinline__ uint32_t lut_index(uint32_t w0, uint32_t w1, uint32_t w2, int nib)
+{
+    return ((w0 >> (4 * nib)) & 15u) | (((w1 >> (4 * nib)) & 15u) << 4) |
+           (((w2 >> (4 * nib)) & 15u) << 8);
+}
+
+__device__ __forceinline__ float half_bits(uint16_t b)
+{
+    return __half2float(__ushort_as_half(b));
+}
+
+/* Per-block constants of one launch. */
+struct AttnArgs {
+    kv_geom_t g;
+    kv_pools_t pools;
+    const kv_dir_entry_t *dir;
+    uint32_t dir_len;
+    uint32_t layer;
+    uint32_t batch;
+    uint32_t q_heads;
+    uint32_t group;       /* q_heads / kv_heads */
+    uint32_t head_groups; /* ceil(group / 8) */
+    uint32_t num_splits;
+    float sm_scale;
+    const uint32_t *indptr;
+    const uint32_t *page_ids;
+    const uint32_t *seq_len;
+    const float *q;
+    float *part_m, *part_l, *part_o;
+};
+
+/* Where the 16 tokens of a tile live, for the tokens this lane touches. */
+struct TokRef {
+    const uint8_t *page; /* nullptr: token not live */
+    uint32_t slot;
+};
+
+template <int D, int FMT>
+__global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kernel(AttnArgs a)
+{
+    constexpr int KS = D / 16;  /* k-steps of QK, m-tiles of PV */
+    constexpr int NC = D / 32;  /* 4-coordinate chunks per lane in PV */
+    constexpr int R = D / 16 < 8 ? D / 16 : 8;
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ float s_q[kMaxGroup][D];
+    __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup], s_z[kWarps][kMaxGroup];
+    __shared__ uint32_t s_phys[kPageBatch];
+    __shared__ uint32_t s_ntok[kPageBatch];
+    __shared__ uint32_t s_wcnt[kWarps];
+
+    const uint32_t tid = threadIdx.x, warp = tid >> 5, lane = tid & 31u;
+    const uint32_t g8 = lane >> 2, t4 = lane & 3u;
+    const kv_geom_t &geo = a.g;
+    const uint32_t kvh = blockIdx.x / a.head_groups, hg = blockIdx.x % a.head_groups;
+    const uint32_t split = blockIdx.y, s = blockIdx.z;
+    const uint32_t h0 = kvh * a.group + hg * kMaxGroup;
+    const uint32_t gh = min(kMaxGroup, a.group - hg * kMaxGroup);
+    const uint32_t pt = geo.page_tokens;
+
+    /* ---- pages of this split (the twin's rule), pages past the sequence end dropped ---- */
+    const uint32_t ip0 = a.indptr[s];
+    const uint32_t np = a.indptr[s + 1] - ip0;
+    const uint64_t cap = (uint64_t)np * pt;
+    const uint32_t len = (uint32_t)min((uint64_t)a.seq_len[s], cap);
+    const uint32_t chunk = (np + a.num_splits - 1) / a.num_splits;
+    const uint32_t live_pages = (uint32_t)(((uint64_t)len + pt - 1) / pt);
+    const uint32_t p0 = min((uint64_t)split * chunk, (uint64_t)live_pages);
+    const uint32_t p1 = min((uint64_t)p0 + chunk, (uint64_t)live_pages);
+
+    /* ---- tables (TQ3), built on the first round that finds a page of this format ---- */
+    uint2 *lut_k = reinterpret_cast<uint2 *>(smem);
+    uint2 *lut_v = lut_k + kLutEntries;
+    bool lut_ready = FMT != KV_FMT_TQ3;
+
+    /* ---- query: (rotated for TQ3) and scaled so that S comes out in log2 units ---- */
+    for (uint32_t i = tid; i < kMaxGroup * D; i += kThreads) {
+        const uint32_t h = i / D, x = i % D;
+        float v = 0.0f;
+        if (h < gh) {
+            v = a.q[((uint64_t)s * a.q_heads + h0 + h) * D + x];
+            if (FMT == KV_FMT_TQ3)
+                v *= kv_rot_sign(geo.seed, x);
+        }
+        s_q[h][x] = v;
+    }
+    __syncthreads();
+    float qf = a.sm_scale * kLog2e;
+    if (FMT == KV_FMT_TQ3) {
+        for (uint32_t hs = 1; hs < (uint32_t)D; hs <<= 1) {
+            for (uint32_t i = tid; i < kMaxGroup * D / 2; i += kThreads) {
+                const uint32_t h = i / (D / 2), j = i % (D / 2);
+                const uint32_t lo = (j / hs) * 2 * hs + j % hs;
+                const float x = s_q[h][lo], y = s_q[h][lo + hs];
+                s_q[h][lo] = x + y;
+                s_q[h][lo + hs] = x - y;
+            }
+            __syncthreads();
+        }
+        qf *= 1.0f / (float)D; /* R's 1/sqrt(d) and the centroids' 1/sqrt(d) */
+    }
+    uint32_t qa[KS][2];
+#pragma unroll
+    for (int st = 0; st < KS; st++) {
+        const uint32_t c = 4u * ((st / R) * 4 * R + t4 * R + st % R);
+        qa[st][0] = pack_half2(s_q[g8][c] * qf, s_q[g8][c + 1] * qf);
+        qa[st][1] = pack_half2(s_q[g8][c + 2] * qf, s_q[g8][c + 3] * qf);
+    }
+
+    const uint64_t page_bytes = kv_page_bytes(&geo, (kv_fmt_t)FMT);
+    const uint64_t koff = kv_block_offset(&geo, (kv_fmt_t)FMT, a.layer, KV_KIND_K, kvh);
+    const uint64_t voff = kv_block_offset(&geo, (kv_fmt_t)FMT, a.layer, KV_KIND_V, kvh);
+    const uint64_t moff = kv_block_meta_offset(&geo, (kv_fmt_t)FMT);
+    const uint8_t *pool = a.pools.base[FMT];
+    const float rcp_pt = 1.0f / (float)pt;
+
+    float o[KS][4];
+#pragma unroll
+    for (int i = 0; i < KS; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m_run = -INFINITY, l_part = 0.0f, z_part = 0.0f, F = 0.0f;
+
+    for (uint32_t pb = p0; pb < p1; pb += kPageBatch) {
+        /* ---- compact this round's pages of format FMT into smem ---- */
+        const uint32_t p = pb + tid;
+        bool keep = false;
+        uint32_t phys = 0, ntok = 0;
+        if (p < p1) {
+            const uint32_t id = a.page_ids[ip0 + p];
+            if (id < a.dir_len) {
+                const kv_dir_entry_t e = a.dir[id];
+                phys = kv_dir_phys(e);
+                keep = (kv_dir_flags(e) & KV_DIR_VALID) && kv_dir_fmt(e) == (kv_fmt_t)FMT &&
+                       phys < a.pools.pages[FMT];
+                ntok = min((uint64_t)pt, (uint64_t)len - (uint64_t)p * pt);
+            }
+        }
+        const uint32_t bal = __ballot_sync(0xffffffffu, keep);
+        if (lane == 0)
+            s_wcnt[warp] = __popc(bal);
+        __syncthreads();
+        uint32_t before = 0, cnt = 0;
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) {
+            before += (uint32_t)w < warp ? s_wcnt[w] : 0u;
+            cnt += s_wcnt[w];
+        }
+        if (keep) {
+            const uint32_t pos = before + __popc(bal & ((1u << lane) - 1u));
+            s_phys[pos] = phys;
+            s_ntok[pos] = ntok;
+        }
+        if (!lut_ready && cnt > 0) { /* cnt is block-uniform */
+            for (uint32_t i = tid; i < kLutEntries; i += kThreads) {
+                uint32_t hk[4], hv[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const uint32_t c = ((i >> j) & 1u) | (((i >> (4 + j)) & 1u) << 1) |
+                                       (((i >> (8 + j)) & 1u) << 2);
+                    hk[j] = __half_as_ushort(__float2half_rn(c_centroid[c]));
+                    hv[j] = __half_as_ushort(__float2half_rn((float)c));
+                }
+                lut_k[i] = make_uint2(hk[0] | (hk[1] << 16), hk[2] | (hk[3] << 16));
+                lut_v[i] = make_uint2(hv[0] | (hv[1] << 16), hv[2] | (hv[3] << 16));
+            }
+            lut_ready = true;
+        }
+        __syncthreads();
+
+        /* ---- 16-token tiles of the compacted list ---- */
+        const uint32_t ntiles = (cnt * pt + 15) / 16;
+        for (uint32_t tile = warp; tile < ntiles; tile += kWarps) {
+            /* token κ of the tile → (entry, slot); float reciprocal corrected by ±1 (κ < 2^24) */
+            auto tok = [&](uint32_t kap) -> TokRef {
+                const uint32_t i = tile * 16 + kap;
+                int e = (int)((float)i * rcp_pt);
+                int r = (int)i - e * (int)pt;
+                if (r < 0) {
+                    e--;
+                    r += (int)pt;
+                } else if (r >= (int)pt) {
+                    e++;
+                    r -= (int)pt;
+                }
+                TokRef ref;
+                ref.slot = (uint32_t)r;
+                ref.page = ((uint32_t)e < cnt && (uint32_t)r < s_ntok[e])
+                               ? pool + (uint64_t)s_phys[e] * page_bytes
+                               : nullptr;
+                return ref;
+            };
+            const TokRef tk[2] = {tok(g8), tok(g8 + 8)};
+            const TokRef tv[4] = {tok(2 * t4), tok(2 * t4 + 1), tok(2 * t4 + 8), tok(2 * t4 + 9)};
+
+            /* per-token metadata of the lane's 4 S columns / P rows */
+            float kfac[4], vsc[4], vz[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                kfac[j] = vsc[j] = vz[j] = 0.0f;
+                if (tv[j].page) {
+                    const uint8_t *km = tv[j].page + koff + moff;
+                    const uint8_t *vm = tv[j].page + voff + moff;
+                    if (FMT == KV_FMT_FP8) {
+                        kfac[j] = reinterpret_cast<const float *>(km)[tv[j].slot];
+                        vsc[j] = reinterpret_cast<const float *>(vm)[tv[j].slot];
+                    } else {
+                        kfac[j] = half_bits(reinterpret_cast<const uint16_t *>(km)[tv[j].slot]);
+                        vsc[j] = half_bits(reinterpret_cast<const uint16_t *>(vm)[tv[j].slot]);
+                        vz[j] = half_bits(reinterpret_cast<const uint16_t *>(vm)[pt + tv[j].slot]);
+                    }
+                }
+            }
+
+            /* ---- S = Q Kᵀ ---- */
+            float sc[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+                uint32_t kb[KS][2];
+                if (FMT == KV_FMT_FP8) {
+                    uint32_t kw[KS];
+                    if (tk[nt].page) {
+                        const uint8_t *row = tk[nt].page + koff + (uint64_t)tk[nt].slot * D;
+                        if (D == 64) {
+                            const uint4 v = *reinterpret_cast<const uint4 *>(row + 16 * t4);
+                            kw[0] = v.x, kw[1] = v.y, kw[2] = v.z, kw[3] = v.w;
+                        } else {
+#pragma unroll
+                            for (int hh = 0; hh < D / 128; hh++) {
+                                const uint4 *r4 =
+                                    reinterpret_cast<const uint4 *>(row + 128 * hh + 32 * t4);
+                                const uint4 v0 = r4[0], v1 = r4[1];
+                                kw[8 * hh + 0] = v0.x, kw[8 * hh + 1] = v0.y;
+                                kw[8 * hh + 2] = v0.z, kw[8 * hh + 3] = v0.w;
+                                kw[8 * hh + 4] = v1.x, kw[8 * hh + 5] = v1.y;
+                                kw[8 * hh + 6] = v1.z, kw[8 * hh + 7] = v1.w;
+                            }
+                        }
+                    } else {
+#pragma unroll
+                        for (int st = 0; st < KS; st++)
+                            kw[st] = 0u;
+                    }
+#pragma unroll
+                    for (int st = 0; st < KS; st++) {
+                        kb[st][0] = fp8x2_to_h2(kw[st] & 0xffffu);
+                        kb[st][1] = fp8x2_to_h2(kw[st] >> 16);
+                    }
+                } else {
+                    constexpr int NG = D == 64 ? 1 : D / 128; /* groups per lane */
+                    uint32_t w[NG][3];
+#pragma unroll
+                    for (int gi = 0; gi < NG; gi++) {
+                        w[gi][0] = w[gi][1] = w[gi][2] = 0u;
+                        if (tk[nt].page) {
+                            const uint32_t grp = D == 64 ? (t4 >> 1) : t4 + 4 * gi;
+                            const uint32_t *wp = reinterpret_cast<const uint32_t *>(
+                                                     tk[nt].page + koff) +
+                                                 ((uint64_t)tk[nt].slot * (D / 32) + grp) * 3;
+                            w[gi][0] = wp[0], w[gi][1] = wp[1], w[gi][2] = wp[2];
+                        }
+                    }
+#pragma unroll
+                    for (int st = 0; st < KS; st++) {
+                        const int gi = D == 64 ? 0 : st / 8;
+                        const int nib = D == 64 ? 4 * (int)(t4 & 1u) + st : st % 8;
+                        const uint2 e =
+                            lut_k[lut_index(w[gi][0], w[gi][1], w[gi][2], nib)];
+                        kb[st][0] = e.x;
+                        kb[st][1] = e.y;
+                    }
+                }
+#pragma unroll
+                for (int st = 0; st < KS; st++)
+                    mma16816(sc[nt], qa[st][0], 0u, qa[st][1], 0u, kb[st][0], kb[st][1]);
+            }
+
+            /* ---- online softmax (head g8; this lane holds tokens 2t, 2t+1, 2t+8, 2t+9) ---- */
+            float sv[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
+            float tmax = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                sv[j] = tv[j].page ? sv[j] * kfac[j] : -INFINITY;
+                tmax = fmaxf(tmax, sv[j]);
+            }
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+            const float m_new = fmaxf(m_run, tmax);
+            float alpha = 1.0f, pr[4];
+            if (m_new == -INFINITY) {
+                pr[0] = pr[1] = pr[2] = pr[3] = 0.0f;
+            } else {
+                alpha = exp2f(m_run - m_new);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    pr[j] = exp2f(sv[j] - m_new);
+            }
+            m_run = m_new;
+            l_part = l_part * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
+            if (FMT == KV_FMT_TQ3)
+                z_part = z_part * alpha +
+                         (pr[0] * vz[0] + pr[1] * vz[1] + pr[2] * vz[2] + pr[3] * vz[3]);
+            if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+                const float aA = __shfl_sync(0xffffffffu, alpha, 8 * t4);
+                const float aB = __shfl_sync(0xffffffffu, alpha, 8 * t4 + 4);
+#pragma unroll
+                for (int i = 0; i < KS; i++) {
+                    o[i][0] *= aA, o[i][1] *= aB, o[i][2] *= aA, o[i][3] *= aB;
+                }
+            }
+            if (F == 0.0f) {
+                /* first tile: power of two that brings the largest value scale to ≤ 1 */
+                float mx = fmaxf(fmaxf(vsc[0], vsc[1]), fmaxf(vsc[2], vsc[3]));
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1)
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                F = mx > 0.0f && mx <= FLT_MAX ? exp2f(-ceilf(log2f(mx))) : 1.0f;
+            }
+            const uint32_t pb0 = pack_half2(pr[0] * vsc[0] * F, pr[1] * vsc[1] * F);
+            const uint32_t pb1 = pack_half2(pr[2] * vsc[2] * F, pr[3] * vsc[3] * F);
+
+            /* ---- Oᵀ += Vᵀ Pᵀ ---- */
+            uint32_t va[KS][4];
+            if (FMT == KV_FMT_FP8) {
+                uint32_t vw[4][NC];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    if (tv[j].page) {
+                        const uint8_t *row =
+                            tv[j].page + voff + (uint64_t)tv[j].slot * D + g8 * (D / 8);
+                        if (D == 64) {
+                            const uint2 v = *reinterpret_cast<const uint2 *>(row);
+                            vw[j][0] = v.x, vw[j][1] = v.y;
+                        } else {
+#pragma unroll
+                            for (int c4 = 0; c4 < NC / 4; c4++) {
+                                const uint4 v = reinterpret_cast<const uint4 *>(row)[c4];
+                                vw[j][4 * c4 + 0] = v.x, vw[j][4 * c4 + 1] = v.y;
+                                vw[j][4 * c4 + 2] = v.z, vw[j][4 * c4 + 3] = v.w;
+                            }
+                        }
+                    } else {
+#pragma unroll
+                        for (int c = 0; c < NC; c++)
+                            vw[j][c] = 0u;
+                    }
+                }
+#pragma unroll
+                for (int c = 0; c < NC; c++) {
+#pragma unroll
+                    for (int hp = 0; hp < 2; hp++) { /* token pair (2t,2t+1) / (2t+8,2t+9) */
+                        const uint32_t x0 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x5140);
+                        const uint32_t x1 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x7362);
+                        va[2 * c][2 * hp + 0] = fp8x2_to_h2(x0 & 0xffffu);
+                        va[2 * c][2 * hp + 1] = fp8x2_to_h2(x0 >> 16);
+                        va[2 * c + 1][2 * hp + 0] = fp8x2_to_h2(x1 & 0xffffu);
+                        va[2 * c + 1][2 * hp + 1] = fp8x2_to_h2(x1 >> 16);
+                    }
+                }
+            } else {
+                const uint32_t grp = (g8 * (D / 8)) / 32;
+                const int nib0 = (int)((g8 * (D / 8)) % 32) / 4;
+                uint32_t w[4][3];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    w[j][0] = w[j][1] = w[j][2] = 0u;
+                    if (tv[j].page) {
+                        const uint32_t *wp =
+                            reinterpret_cast<const uint32_t *>(tv[j].page + voff) +
+                            ((uint64_t)tv[j].slot * (D / 32) + grp) * 3;
+                        w[j][0] = wp[0], w[j][1] = wp[1], w[j][2] = wp[2];
+                    }
+                }
+#pragma unroll
+                for (int c = 0; c < NC; c++) {
+#pragma unroll
+                    for (int hp = 0; hp < 2; hp++) {
+                        const uint2 eA = lut_v[lut_index(w[2 * hp][0], w[2 * hp][1],
+                                                         w[2 * hp][2], nib0 + c)];
+                        const uint2 eB = lut_v[lut_index(w[2 * hp + 1][0], w[2 * hp + 1][1],
+                                                         w[2 * hp + 1][2], nib0 + c)];
+                        va[2 * c][2 * hp + 0] = prmt(eA.x, eB.x, 0x5410);
+                        va[2 * c][2 * hp + 1] = prmt(eA.x, eB.x, 0x7632);
+                        va[2 * c + 1][2 * hp + 0] = prmt(eA.y, eB.y, 0x5410);
+                        va[2 * c + 1][2 * hp + 1] = prmt(eA.y, eB.y, 0x7632);
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < KS; i++)
+                mma16816(o[i], va[i][0], va[i][1], va[i][2], va[i][3], pb0, pb1);
+        }
+        __syncthreads(); /* s_phys / s_ntok are rewritten next round */
+    }
+
+    /* ---- merge the warps ---- */
+    l_part += __shfl_xor_sync(0xffffffffu, l_part, 1);
+    l_part += __shfl_xor_sync(0xffffffffu, l_part, 2);
+    z_part += __shfl_xor_sync(0xffffffffu, z_part, 1);
+    z_part += __shfl_xor_sync(0xffffffffu, z_part, 2);
+    __syncthreads(); /* every warp is done with the tables that s_o overlays */
+    float *s_o = reinterpret_cast<float *>(smem); /* [kWarps][kMaxGroup][D] */
+    if (t4 == 0) {
+        s_m[warp][g8] = m_run;
+        s_l[warp][g8] = l_part;
+        s_z[warp][g8] = z_part;
+    }
+    const float invF = F > 0.0f ? 1.0f / F : 0.0f;
+#pragma unroll
+    for (int i = 0; i < KS; i++) {
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const uint32_t x = 4u * (g8 * (D / 32) + i / 2) + 2u * (i % 2) + hr;
+            float *base = s_o + ((size_t)warp * kMaxGroup) * D;
+            base[(2 * t4) * D + x] = o[i][2 * hr] * invF;
+            base[(2 * t4 + 1) * D + x] = o[i][2 * hr + 1] * invF;
+        }
+    }
+    __syncthreads();
+    for (uint32_t i = tid; i < kMaxGroup * D; i += kThreads) {
+        const uint32_t h = i / D, x = i % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; w++)
+            M = s_l[w][h] > 0.0f ? fmaxf(M, s_m[w][h]) : M;
+        float L = 0.0f, acc = 0.0f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < kWarps; w++) {
+                if (s_l[w][h] > 0.0f) {
+                    const float f = exp2f(s_m[w][h] - M);
+                    L += f * s_l[w][h];
+                    acc += f * (s_o[((size_t)w * kMaxGroup + h) * D + x] + s_z[w][h]);
+                }
+            }
+        }
+        s_q[h][x] = L > 0.0f ? acc / L : 0.0f;
+        if (x == 0 && h < gh) {
+            const size_t part =
+                ((size_t)s * a.num_splits + split) * KV_FMT_COUNT + (size_t)FMT;
+            a.part_m[part * a.q_heads + h0 + h] = L > 0.0f ? M * kLn2 : -INFINITY;
+            a.part_l[part * a.q_heads + h0 + h] = L;
+        }
+    }
+    __syncthreads();
+    if (FMT == KV_FMT_TQ3) {
+        /* Ō = Rᵀ ŷ: FWHT, then 1/sqrt(d) and the signs */
+        for (uint32_t hs = 1; hs < (uint32_t)D; hs <<= 1) {
+            for (uint32_t i = tid; i < kMaxGroup * D / 2; i += kThreads) {
+                const uint32_t h = i / (D / 2), j = i % (D / 2);
+                const uint32_t lo = (j / hs) * 2 * hs + j % hs;
+                const float x = s_q[h][lo], y = s_q[h][lo + hs];
+                s_q[h][lo] = x + y;
+                s_q[h][lo + hs] = x - y;
+            }
+            __syncthreads();
+        }
+    }
+    const float post = FMT == KV_FMT_TQ3 ? (float)(1.0 / sqrt((double)D)) : 1.0f;
+    const size_t part = ((size_t)s * a.num_splits + split) * KV_FMT_COUNT + (size_t)FMT;
+    for (uint32_t i = tid; i < gh * D; i += kThreads) {
+        const uint32_t h = i / D, x = i % D;
+        float v = s_q[h][x];
+        if (FMT == KV_FMT_TQ3)
+            v = v * post * kv_rot_sign(geo.seed, x);
+        a.part_o[(part * a.q_heads + h0 + h) * D + x] = v;
+    }
+}
+
+/* One block per (query head, sequence), one thread per coordinate. (m, l) of the partitions
+ * are staged in shared memory in chunks so that the Ō loads of different partitions are
+ * independent and stay in flight together (a first version that walked the partitions with
+ * dependent global loads cost ~0.1–0.2 ms at 128 partitions). */
+constexpr int kMergeChunk = 512;
+__global__ void attn_merge_kernel(uint32_t parts, uint32_t q_heads, uint32_t d,
+                                  const float *__restrict__ pm, const float *__restrict__ pl,
+                                  const float *__restrict__ po, float *__restrict__ out)
+{
+    __shared__ float s_m[kMergeChunk], s_w[kMergeChunk];
+    __shared__ float s_red[KV_MAX_HEAD_DIM / 32];
+    const uint32_t h = blockIdx.x, s = blockIdx.y, x = threadIdx.x;
+    /* pass 1: M = max over non-empty partitions */
+    float M = -INFINITY;
+    for (uint32_t j = x; j < parts; j += blockDim.x) {
+        const size_t i = ((size_t)s * parts + j) * q_heads + h;
+        if (pl[i] > 0.0f)
+            M = fmaxf(M, pm[i]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if ((x & 31u) == 0)
+        s_red[x >> 5] = M;
+    __syncthreads();
+    M = -INFINITY;
+    for (uint32_t w = 0; w < (blockDim.x + 31) / 32; w++)
+        M = fmaxf(M, s_red[w]);
+    float L = 0.0f, acc = 0.0f;
+    if (M != -INFINITY) {
+        for (uint32_t c0 = 0; c0 < parts; c0 += kMergeChunk) {
+            const uint32_t n = min((uint32_t)kMergeChunk, parts - c0);
+            __syncthreads();
+            for (uint32_t j = x; j < n; j += blockDim.x) {
+                const size_t i = ((size_t)s * parts + c0 + j) * q_heads + h;
+                const float l = pl[i];
+                s_w[j] = l > 0.0f ? expf(pm[i] - M) * l : 0.0f;
+                s_m[j] = l;
+            }
+            __syncthreads();
+#pragma unroll 8
+            for (uint32_t j = 0; j < n; j++) {
+                const size_t i = ((size_t)s * parts + c0 + j) * q_heads + h;
+                const float w = s_w[j];
+                L += w;
+                if (s_m[j] > 0.0f) /* empty partitions may hold anything in Ō */
+                    acc += w * po[i * d + x];
+            }
+        }
+    }
+    out[((size_t)s * q_heads + h) * d + x] = L > 0.0f ? acc / L : 0.0f;
+}
+
+template <int D, int FMT> size_t partial_smem()
+{
+    const size_t merge = (size_t)kWarps * kMaxGroup * D * sizeof(float);
+    return FMT == KV_FMT_TQ3 ? (merge > kLutBytes ? merge : kLutBytes) : merge;
+}
+
+template <int D, int FMT> cudaError_t set_attr()
+{
+    return cudaFuncSetAttribute(attn_partial_kernel<D, FMT>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)partial_smem<D, FMT>());
+}
+
+cudaError_t init_once()
+{
+    static const cudaError_t err = [] {
+        cudaError_t e = cudaSuccess;
+        const cudaError_t r[] = {set_attr<64, KV_FMT_FP8>(),  set_attr<64, KV_FMT_TQ3>(),
+                                 set_attr<128, KV_FMT_FP8>(), set_attr<128, KV_FMT_TQ3>(),
+                                 set_attr<256, KV_FMT_FP8>(), set_attr<256, KV_FMT_TQ3>()};
+        for (cudaError_t x : r)
+            e = e == cudaSuccess ? x : e;
+        return e;
+    }();
+    return err;
+}
+
+template <int D> cudaError_t launch_partial(const AttnArgs &a, dim3 grid, cudaStream_t st)
+{
+    attn_partial_kernel<D, KV_FMT_FP8><<<grid, kThreads, partial_smem<D, KV_FMT_FP8>(), st>>>(a);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return e;
+    attn_partial_kernel<D, KV_FMT_TQ3><<<grid, kThreads, partial_smem<D, KV_FMT_TQ3>(), st>>>(a);
+    return cudaGetLastError();
+}
+
+size_t align256(size_t x)
+{
+    return (x + 255) / 256 * 256;
+}
+
+} // namespace
+
+extern "C" kvk_status_t kvk_cuda_init(void)
+{
+    return init_once() == cudaSuccess ? KVK_OK : KVK_EDEVICE;
+}
+
+extern "C" kvk_status_t kvk_cuda_attn_partial(const kv_geom_t *g, const kv_pools_t *pools,
+                                              const kv_dir_entry_t *dir, uint32_t dir_len,
+                                              const kv_attn_batch_t *b, const float *q,
+                                              uint32_t num_splits, float *part_m, float *part_l,
+                                              float *part_o, cudaStream_t stream)
+{
+    if (!kv_geom_valid(g) || !pools || !b || num_splits == 0 || !part_m || !part_l || !part_o)
+        return KVK_EINVAL;
+    if (b->q_heads == 0 || b->q_heads % g->kv_heads != 0 || b->layer >= g->layers ||
+        !isfinite(b->sm_scale))
+        return KVK_EINVAL;
+    if (b->batch == 0)
+        return KVK_OK;
+    if (!q || !b->page_indptr || !b->page_ids || !b->seq_len || !dir)
+        return KVK_EINVAL;
+    for (int f = 0; f < KV_FMT_COUNT; f++)
+        if ((uintptr_t)pools->base[f] % KV_BLOCK_ALIGN != 0)
+            return KVK_EINVAL;
+    const uint32_t group = b->q_heads / g->kv_heads;
+    const uint32_t hgs = (group + kMaxGroup - 1) / kMaxGroup;
+    if ((uint64_t)g->kv_heads * hgs > 0x7fffffffull || num_splits > 65535u ||
+        (uint64_t)b->batch * KV_FMT_COUNT > 65535u)
+        return KVK_EINVAL;
+    if (init_once() != cudaSuccess)
+        return KVK_EDEVICE;
+
+    AttnArgs a;
+    a.g = *g;
+    a.pools = *pools;
+    a.dir = dir;
+    a.dir_len = dir_len;
+    a.layer = b->layer;
+    a.batch = b->batch;
+    a.q_heads = b->q_heads;
+    a.group = group;
+    a.head_groups = hgs;
+    a.num_splits = num_splits;
+    a.sm_scale = b->sm_scale;
+    a.indptr = b->page_indptr;
+    a.page_ids = b->page_ids;
+    a.seq_len = b->seq_len;
+    a.q = q;
+    a.part_m = part_m;
+    a.part_l = part_l;
+    a.part_o = part_o;
+
+    /* one launch per format, so that each kernel is branch-free on the format */
+    const dim3 grid(g->kv_heads * hgs, num_splits, b->batch);
+    cudaError_t err;
+    switch (g->head_dim) {
+    case 64:
+        err = launch_partial<64>(a, grid, stream);
+        break;
+    case 128:
+        err = launch_partial<128>(a, grid, stream);
+        break;
+    default:
+        err = launch_partial<256>(a, grid, stream);
+        break;
+    }
+    return err == cudaSuccess ? KVK_OK : KVK_EDEVICE;
+}
+
+extern "C" kvk_status_t kvk_cuda_attn_merge(uint32_t batch, uint32_t parts_per_seq,
+                                            uint32_t q_heads, uint32_t d, const float *part_m,
+                                            const float *part_l, const float *part_o, float *out,
+                                            cudaStream_t stream)
+{
+    if (parts_per_seq == 0 || q_heads == 0 || d == 0 || d > KV_MAX_HEAD_DIM)
+        return KVK_EINVAL;
+    if (batch == 0)
+        return KVK_OK;
+    if (!part_m || !part_l || !part_o || !out || batch > 65535u)
+        return KVK_EINVAL;
+    attn_merge_kernel<<<dim3(q_heads, batch), d, 0, stream>>>(parts_per_seq, q_heads, d, part_m,
+                                                              part_l, part_o, out);
+    return cudaGetLastError() == cudaSuccess ? KVK_OK : KVK_EDEVICE;
+}
+
+extern "C" size_t kvk_cuda_attn_workspace_bytes(uint32_t batch, uint32_t q_heads,
+                                                uint32_t head_dim, uint32_t num_splits)
+{
+    const uint64_t rows = (uint64_t)batch * num_splits * KV_FMT_COUNT * q_heads;
+    if (rows > (1ull << 40) / (head_dim + 2))
+        return 0;
+    return align256(rows * sizeof(float)) * 2 + align256(rows * head_dim * sizeof(float));
+}
+
+extern "C" uint32_t kvk_cuda_attn_suggest_splits(uint32_t batch, uint32_t kv_heads,
+                                                 uint32_t q_heads, uint32_t max_pages,
+                                                 uint32_t sm_count)
+{
+    const uint64_t group = kv_heads ? (q_heads / kv_heads) : 1;
+    const uint64_t blocks = (uint64_t)batch * kv_heads * ((group + kMaxGroup - 1) / kMaxGroup);
+    if (blocks == 0 || max_pages == 0)
+        return 1;
+    /* two resident blocks per SM, two waves; at least 8 pages (one tile per warp) a split */
+    uint64_t want = ((uint64_t)sm_count * 4 + blocks - 1) / blocks;
+    const uint64_t by_pages = (max_pages + 7) / 8;
+    want = want < by_pages ? want : by_pages;
+    want = want < 1 ? 1 : want;
+    return (uint32_t)(want > 65535 ? 65535 : want);
+}
+
+extern "C" kvk_status_t kvk_cuda_attn_decode(const kv_geom_t *g, const kv_pools_t *pools,
+                                             const kv_dir_entry_t *dir, uint32_t dir_len,
+                                             const kv_attn_batch_t *b, const float *q,
+                                             uint32_t num_splits, void *workspace,
+                                             size_t ws_bytes, float *out, cudaStream_t stream)
+{
+    if (!kv_geom_valid(g) || !b || !out || num_splits == 0)
+        return KVK_EINVAL;
+    const size_t need = kvk_cuda_attn_workspace_bytes(b->batch, b->q_heads, g->head_dim,
+                                                      num_splits);
+    if (need == 0 || ws_bytes < need || !workspace || (uintptr_t)workspace % 256 != 0)
+        return KVK_EINVAL;
+    const uint64_t rows = (uint64_t)b->batch * num_splits * KV_FMT_COUNT * b->q_heads;
+    uint8_t *w = static_cast<uint8_t *>(workspace);
+    float *pm = reinterpret_cast<float *>(w);
+    float *pl = reinterpret_cast<float *>(w + align256(rows * sizeof(float)));
+    float *po = reinterpret_cast<float *>(w + 2 * align256(rows * sizeof(float)));
+    kvk_status_t rc = kvk_cuda_attn_partial(g, pools, dir, dir_len, b, q, num_splits, pm, pl, po,
+                                            stream);
+    if (rc != KVK_OK)
+        return rc;
+    return kvk_cuda_attn_merge(b->batch, num_splits * KV_FMT_COUNT, b->q_heads, g->head_dim, pm,
+                               pl, po, out, stream);
+}

@@ -1,0 +1,308 @@
+/* kvbench_attn — decode attention, retier and append throughput on the GPU; JSON on stdout.
+ *
+ * Shapes (brief of issue 4): B=8, q_heads 32, kv_heads 8, d 128 and B=2, q_heads 24, kv_heads
+ * 4, d 256; 8K, 32K, 128K tokens per sequence; page_tokens 16 (one page = one 16-token MMA
+ * tile); layers = 1 so a page holds exactly the bytes one attention call reads. Modes: all
+ * FP8, all TQ3, mix (first page and last two pages FP8, the rest TQ3).
+ *
+ * bytes = compressed bytes the call must read: kv_layer_bytes of each page's format (K and V
+ * blocks of every KV head, codes + metadata + block padding). Effective bandwidth = bytes /
+ * median time. Each timed sample is a CUDA graph of `reps` decode calls, each call on a
+ * different page set where the pool has room (so that 8K tokens, ~50 MB, is not served from
+ * the 60 MB L2 on repeats). Ceiling: cudaMemcpy device-to-device of 2 GiB, read + write.
+ * Pages hold valid random codes (no NaN codes): timings on zeros would flatter.
+ */
+#include "kvkern.h"
+#include "kvkern_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <vector>
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+#define KCK(call)                                                                                  \
+    do {                                                                                           \
+        kvk_status_t r_ = (call);                                                                  \
+        if (r_ != KVK_OK) {                                                                        \
+            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #call, (int)r_);              \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* Fill a pool with plausible page bytes: FP8 codes without NaN, positive scales; TQ3 random
+ * planes with FP16 γ ≈ 10, scale ≈ 0.1, zero ≈ −0.35. */
+__global__ void fill_pool(uint8_t *base, uint64_t bytes, kv_geom_t g, int fmt, uint64_t seed)
+{
+    const uint64_t page_bytes = kv_page_bytes(&g, (kv_fmt_t)fmt);
+    for (uint64_t i = (blockIdx.x * (uint64_t)blockDim.x + threadIdx.x) * 4; i < bytes;
+         i += (uint64_t)gridDim.x * blockDim.x * 4) {
+        const uint64_t in_page = i % page_bytes;
+        const uint64_t blk_k = kv_block_bytes(&g, (kv_fmt_t)fmt, KV_KIND_K);
+        const uint64_t in_blk = in_page < g.kv_heads * blk_k
+                                    ? in_page % blk_k
+                                    : (in_page - g.kv_heads * blk_k) %
+                                          kv_block_bytes(&g, (kv_fmt_t)fmt, KV_KIND_V);
+        const uint64_t mo = kv_block_meta_offset(&g, (kv_fmt_t)fmt);
+        uint32_t v = (uint32_t)kv_splitmix64(seed ^ i);
+        if (in_blk >= mo)
+            v = fmt == KV_FMT_FP8 ? 0x3c000000u /* 2^-7 */ : 0x49004900u; /* 10.0 halves */
+        else if (fmt == KV_FMT_FP8)
+            v &= 0xf7f7f7f7u; /* never 0x7f/0xff */
+        if (fmt == KV_FMT_TQ3 && in_blk >= mo && in_blk < mo + 2 * g.page_tokens &&
+            in_page >= g.kv_heads * kv_block_bytes(&g, KV_FMT_TQ3, KV_KIND_K))
+            v = 0x2e662e66u; /* V scale 0.1 */
+        else if (fmt == KV_FMT_TQ3 && in_blk >= mo + 2 * g.page_tokens &&
+                 in_page >= g.kv_heads * kv_block_bytes(&g, KV_FMT_TQ3, KV_KIND_K))
+            v = 0xb59ab59au; /* V zero −0.35 */
+        *reinterpret_cast<uint32_t *>(base + i) = v;
+    }
+}
+
+static float median(std::vector<float> v)
+{
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+struct Shape {
+    uint32_t B, H, KVH, D;
+};
+
+int main(void)
+{
+    KCK(kvk_cuda_init());
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    printf("{\n  \"device\": \"%s\", \"sms\": %d, \"l2_bytes\": %d,\n", prop.name,
+           prop.multiProcessorCount, prop.l2CacheSize);
+
+    /* ---- copy ceiling ---- */
+    {
+        const size_t n = 2ull << 30;
+        void *a, *b;
+        CK(cudaMalloc(&a, n));
+        CK(cudaMalloc(&b, n));
+        CK(cudaMemset(a, 1, n));
+        std::vector<float> ts;
+        for (int i = 0; i < 12; i++) {
+            CK(cudaEventRecord(e0, st));
+            CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (i >= 2)
+                ts.push_back(ms);
+        }
+        printf("  \"copy_d2d\": {\"bytes_rw\": %zu, \"ms\": %.4f, \"gbps\": %.1f},\n", 2 * n,
+               median(ts), 2.0 * n / (median(ts) * 1e6));
+        CK(cudaFree(a));
+        CK(cudaFree(b));
+    }
+
+    const Shape shapes[] = {{8, 32, 8, 128}, {2, 24, 4, 256}};
+    const uint32_t lens[] = {8192, 32768, 131072};
+    const char *modes[] = {"fp8", "tq3", "mix"};
+    printf("  \"attention\": [\n");
+    bool first = true;
+    for (const Shape &S : shapes) {
+        kv_geom_t g = {1, S.KVH, S.D, 16, 0x5eed};
+        const uint64_t pb8 = kv_page_bytes(&g, KV_FMT_FP8), pbt = kv_page_bytes(&g, KV_FMT_TQ3);
+        const uint32_t maxpages = S.B * (lens[2] / 16);
+        uint8_t *p8, *pt;
+        CK(cudaMalloc(&p8, maxpages * pb8));
+        CK(cudaMalloc(&pt, maxpages * pbt));
+        fill_pool<<<2048, 256, 0, st>>>(p8, maxpages * pb8, g, KV_FMT_FP8, 1);
+        fill_pool<<<2048, 256, 0, st>>>(pt, maxpages * pbt, g, KV_FMT_TQ3, 2);
+        CK(cudaGetLastError());
+        kv_pools_t pools = {{p8, pt}, {maxpages, maxpages}};
+        float *q, *out;
+        std::vector<float> hq((size_t)S.B * S.H * S.D);
+        for (size_t i = 0; i < hq.size(); i++)
+            hq[i] = (float)((kv_splitmix64(i) >> 40) / 16777216.0 - 0.5) * 3.0f;
+        CK(cudaMalloc(&q, hq.size() * 4));
+        CK(cudaMalloc(&out, hq.size() * 4));
+        CK(cudaMemcpy(q, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
+        /* directory: logical id i ↦ FP8 phys i (ids < maxpages) and TQ3 phys i (ids ≥) */
+        std::vector<kv_dir_entry_t> dir(2 * (size_t)maxpages);
+        for (uint32_t i = 0; i < maxpages; i++) {
+            dir[i] = kv_dir_make(i, KV_FMT_FP8, KV_DIR_VALID, 1);
+            dir[maxpages + i] = kv_dir_make(i, KV_FMT_TQ3, KV_DIR_VALID, 1);
+        }
+        kv_dir_entry_t *ddir;
+        CK(cudaMalloc(&ddir, dir.size() * 8));
+        CK(cudaMemcpy(ddir, dir.data(), dir.size() * 8, cudaMemcpyHostToDevice));
+
+        for (uint32_t L : lens) {
+            const uint32_t np = L / 16, need = S.B * np;
+            const uint32_t sets = std::min<uint32_t>(8, maxpages / need);
+            const uint32_t splits = kvk_cuda_attn_suggest_splits(S.B, S.KVH, S.H, np,
+                                                                 prop.multiProcessorCount);
+            const size_t wsb = kvk_cuda_attn_workspace_bytes(S.B, S.H, S.D, splits);
+            void *ws;
+            CK(cudaMalloc(&ws, wsb));
+            for (int mode = 0; mode < 3; mode++) {
+                std::vector<uint32_t> ids((size_t)sets * need), ind(S.B + 1), sl(S.B, L);
+                uint64_t bytes = 0;
+                for (uint32_t set = 0; set < sets; set++)
+                    for (uint32_t s = 0; s < S.B; s++)
+                        for (uint32_t p = 0; p < np; p++) {
+                            const uint32_t phys = set * need + s * np + p;
+                            bool f8 = mode == 0 || (mode == 2 && (p == 0 || p + 2 >= np));
+                            ids[(size_t)set * need + s * np + p] = f8 ? phys : maxpages + phys;
+                            if (set == 0)
+                                bytes += kv_layer_bytes(&g, f8 ? KV_FMT_FP8 : KV_FMT_TQ3);
+                        }
+                for (uint32_t s = 0; s <= S.B; s++)
+                    ind[s] = s * np;
+                uint32_t *dids, *dind, *dsl;
+                CK(cudaMalloc(&dids, ids.size() * 4));
+                CK(cudaMalloc(&dind, ind.size() * 4));
+                CK(cudaMalloc(&dsl, sl.size() * 4));
+                CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(dind, ind.data(), ind.size() * 4, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(dsl, sl.data(), sl.size() * 4, cudaMemcpyHostToDevice));
+                const int reps = 8;
+                cudaGraph_t graph;
+                cudaGraphExec_t exec;
+                /* warm up outside the capture */
+                kv_attn_batch_t b = {S.B, S.H, 0, 1.0f / sqrtf((float)S.D), dind, dids, dsl};
+                KCK(kvk_cuda_attn_decode(&g, &pools, ddir, (uint32_t)dir.size(), &b, q, splits,
+                                         ws, wsb, out, st));
+                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                for (int r = 0; r < reps; r++) {
+                    kv_attn_batch_t br = b;
+                    br.page_ids = dids + (size_t)(r % sets) * need;
+                    KCK(kvk_cuda_attn_decode(&g, &pools, ddir, (uint32_t)dir.size(), &br, q,
+                                             splits, ws, wsb, out, st));
+                }
+                CK(cudaStreamEndCapture(st, &graph));
+                CK(cudaGraphInstantiate(&exec, graph, 0));
+                CK(cudaGraphLaunch(exec, st));
+                std::vector<float> ts;
+                for (int i = 0; i < 9; i++) {
+                    CK(cudaEventRecord(e0, st));
+                    CK(cudaGraphLaunch(exec, st));
+                    CK(cudaEventRecord(e1, st));
+                    CK(cudaEventSynchronize(e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    ts.push_back(ms / reps);
+                }
+                std::vector<float> ho(hq.size());
+                CK(cudaMemcpy(ho.data(), out, ho.size() * 4, cudaMemcpyDeviceToHost));
+                int finite = 1;
+                for (float x : ho)
+                    finite &= isfinite(x) ? 1 : 0;
+                const float ms = median(ts);
+                printf("%s    {\"B\": %u, \"q_heads\": %u, \"kv_heads\": %u, \"d\": %u, "
+                       "\"tokens\": %u, \"mode\": \"%s\", \"splits\": %u, \"page_sets\": %u, "
+                       "\"bytes\": %llu, \"ms\": %.5f, \"gbps\": %.1f, \"out_finite\": %d}",
+                       first ? "" : ",\n", S.B, S.H, S.KVH, S.D, L, modes[mode], splits, sets,
+                       (unsigned long long)bytes, ms, bytes / (ms * 1e6), finite);
+                first = false;
+                fflush(stdout);
+                CK(cudaGraphExecDestroy(exec));
+                CK(cudaGraphDestroy(graph));
+                CK(cudaFree(dids));
+                CK(cudaFree(dind));
+                CK(cudaFree(dsl));
+            }
+            CK(cudaFree(ws));
+        }
+        if (S.D == 128) {
+            /* ---- retier and promote throughput: 4096 pages of this shape ---- */
+            const uint32_t n = 4096;
+            std::vector<uint32_t> src(n), dst(n);
+            for (uint32_t i = 0; i < n; i++)
+                src[i] = i, dst[i] = n + i;
+            uint32_t *ds, *dd;
+            CK(cudaMalloc(&ds, n * 4));
+            CK(cudaMalloc(&dd, n * 4));
+            CK(cudaMemcpy(ds, src.data(), n * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dd, dst.data(), n * 4, cudaMemcpyHostToDevice));
+            for (int pr = 0; pr < 2; pr++) {
+                std::vector<float> ts;
+                for (int i = 0; i < 7; i++) {
+                    CK(cudaEventRecord(e0, st));
+                    if (pr == 0)
+                        KCK(kvk_cuda_page_retier(&g, &pools, n, ds, dd, st));
+                    else
+                        KCK(kvk_cuda_page_promote(&g, &pools, n, dd, ds, st));
+                    CK(cudaEventRecord(e1, st));
+                    CK(cudaEventSynchronize(e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    if (i > 0)
+                        ts.push_back(ms);
+                }
+                const double ms = median(ts);
+                printf(",\n    {\"op\": \"%s\", \"pages\": %u, \"fp8_bytes\": %llu, \"tq3_bytes\": "
+                       "%llu, \"ms\": %.4f, \"fp8_gbps\": %.1f}",
+                       pr == 0 ? "retier" : "promote", n, (unsigned long long)(n * pb8),
+                       (unsigned long long)(n * pbt), ms, n * pb8 / (ms * 1e6));
+            }
+            CK(cudaFree(ds));
+            CK(cudaFree(dd));
+            /* ---- append throughput: 8192 tokens × 8 heads × 128, fp16 ---- */
+            const uint32_t ntok = 8192;
+            std::vector<uint32_t> sp(ntok), si(ntok);
+            for (uint32_t t = 0; t < ntok; t++)
+                sp[t] = t / 16, si[t] = t % 16;
+            uint32_t *dsp, *dsi;
+            void *k, *v;
+            const size_t el = (size_t)ntok * S.KVH * S.D;
+            CK(cudaMalloc(&dsp, ntok * 4));
+            CK(cudaMalloc(&dsi, ntok * 4));
+            CK(cudaMalloc(&k, el * 2));
+            CK(cudaMalloc(&v, el * 2));
+            CK(cudaMemset(k, 0x3c, el * 2)); /* fp16 ≈ 1.06 */
+            CK(cudaMemset(v, 0x35, el * 2));
+            CK(cudaMemcpy(dsp, sp.data(), ntok * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dsi, si.data(), ntok * 4, cudaMemcpyHostToDevice));
+            std::vector<float> ts;
+            for (int i = 0; i < 7; i++) {
+                CK(cudaEventRecord(e0, st));
+                KCK(kvk_cuda_fp8_append(&g, &pools, ddir, (uint32_t)dir.size(), 0, ntok, dsp, dsi,
+                                        k, v, KVK_DTYPE_F16, st));
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                if (i > 0)
+                    ts.push_back(ms);
+            }
+            const double ms = median(ts);
+            printf(",\n    {\"op\": \"append_fp16\", \"tokens\": %u, \"input_bytes\": %zu, "
+                   "\"ms\": %.4f, \"input_gbps\": %.1f}",
+                   ntok, 2 * el * 2, ms, 2 * el * 2 / (ms * 1e6));
+            CK(cudaFree(dsp));
+            CK(cudaFree(dsi));
+            CK(cudaFree(k));
+            CK(cudaFree(v));
+        }
+        CK(cudaFree(p8));
+        CK(cudaFree(pt));
+        CK(cudaFree(q));
+        CK(cudaFree(out));
+        CK(cudaFree(ddir));
+    }
+    printf("\n  ]\n}\n");
+    return 0;
+}
