@@ -29,6 +29,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "kvc_cuda.h"
+
 #define KVC_MAX_FDS 8
 
 typedef struct kvc_stash_s {
@@ -55,6 +57,9 @@ struct kvc_s {
     kv_dir_entry_t *dir;
     uint64_t dir_map_bytes;
     uint32_t dir_entries;
+    /* backend "cuda"/"cuda-ipc": pool[] and dir are device addresses (kvc_cuda.c) */
+    kvc_cuda_t *cuda;
+    char backend[16];
 };
 
 static kv_err_t kvc_fail(kvc_t *c, kv_err_t e, const char *fmt, ...)
@@ -117,6 +122,12 @@ fail:
 
 static void kvc_unmap(kvc_t *c)
 {
+    if (c->cuda) { /* device mappings: pool[] / dir are not host addresses */
+        kvc__cuda_close(&c->cuda);
+        memset(c->pool, 0, sizeof(c->pool));
+        c->dir = NULL;
+        return;
+    }
     for (int f = 0; f < KV_FMT_COUNT; f++) {
         if (c->pool[f])
             munmap(c->pool[f], c->pool_map_bytes[f]);
@@ -419,6 +430,10 @@ static kv_err_t kvc_map(kvc_t *c, const Kvd__HelloRep *h)
     kv_err_t e = kvc_recv_fds(c, h->fd_socket, fds, &nfds);
     if (e != KV_ERR_OK)
         return e;
+    snprintf(c->backend, sizeof c->backend, "%s", h->backend && *h->backend ? h->backend : "host");
+    int cuda = strncmp(c->backend, "cuda", 4) == 0;
+    if (cuda)
+        e = kvc__cuda_open(&c->cuda, strcmp(c->backend, "cuda-ipc") == 0, c->err, sizeof c->err);
     for (size_t i = 0; i < h->n_pools && e == KV_ERR_OK; i++) {
         const Kvd__PoolDesc *p = h->pools[i];
         if (p->fd_index >= (uint32_t)nfds || p->bytes == 0) {
@@ -427,8 +442,18 @@ static kv_err_t kvc_map(kvc_t *c, const Kvd__HelloRep *h)
             break;
         }
         int dir = p->kind == KVD__POOL_DESC__KIND__KIND_DIRECTORY;
-        void *m = mmap(NULL, p->bytes, dir ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED,
-                       fds[p->fd_index], 0);
+        void *m;
+        if (cuda) {
+            uint8_t *d = NULL;
+            e = kvc__cuda_map(c->cuda, fds[p->fd_index], p->bytes, dir, &d, c->err,
+                              sizeof c->err);
+            if (e != KV_ERR_OK)
+                break;
+            m = d;
+        } else {
+            m = mmap(NULL, p->bytes, dir ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED,
+                     fds[p->fd_index], 0);
+        }
         if (m == MAP_FAILED) {
             e = kvc_fail(c, KV_ERR_IO, "mmap(%s, %llu bytes) failed: %s",
                          dir ? "directory" : "pool", (unsigned long long)p->bytes,
@@ -444,7 +469,7 @@ static kv_err_t kvc_map(kvc_t *c, const Kvd__HelloRep *h)
             c->pool_map_bytes[p->format] = p->bytes;
             c->pool_pages[p->format] = p->pages;
             c->page_bytes[p->format] = p->page_bytes;
-        } else {
+        } else if (!cuda) {
             munmap(m, p->bytes);
         }
     }
@@ -522,6 +547,21 @@ const volatile kv_dir_entry_t *kvc_directory(const kvc_t *c)
 {
     return c->dir;
 }
+const char *kvc_backend(const kvc_t *c)
+{
+    return c->backend[0] ? c->backend : "host";
+}
+int kvc_on_device(const kvc_t *c)
+{
+    return c->cuda != NULL;
+}
+void kvc_pools(const kvc_t *c, kv_pools_t *out)
+{
+    for (int f = 0; f < KV_FMT_COUNT; f++) {
+        out->base[f] = c->pool[f];
+        out->pages[f] = c->pool_pages[f];
+    }
+}
 uint32_t kvc_dir_entries(const kvc_t *c)
 {
     return c->dir_entries;
@@ -531,7 +571,13 @@ uint8_t *kvc_page_ptr(const kvc_t *c, uint32_t page)
 {
     if (!c->dir || page >= c->dir_entries)
         return NULL;
-    kv_dir_entry_t e = __atomic_load_n(&c->dir[page], __ATOMIC_ACQUIRE);
+    kv_dir_entry_t e;
+    if (c->cuda) {
+        if (kvc__cuda_read(c->cuda, &c->dir[page], &e, sizeof e) != KV_ERR_OK)
+            return NULL;
+    } else {
+        e = __atomic_load_n(&c->dir[page], __ATOMIC_ACQUIRE);
+    }
     if (!(kv_dir_flags(e) & KV_DIR_VALID))
         return NULL;
     kv_fmt_t f = kv_dir_fmt(e);

@@ -59,6 +59,15 @@ uint64_t kvc_page_bytes(const kvc_t *c, kv_fmt_t f);
 uint8_t *kvc_pool_base(const kvc_t *c, kv_fmt_t f);
 const volatile kv_dir_entry_t *kvc_directory(const kvc_t *c);
 uint32_t kvc_dir_entries(const kvc_t *c);
+/* Backend named in the hello reply: "host", "cuda" or "cuda-ipc" (legacy handles). On the
+ * cuda backends kvc_pool_base, kvc_pools and kvc_directory return DEVICE addresses in this
+ * process's CUDA context (primary context of the runtime's current device, chosen before
+ * kvc_hello), ready for the kvkern_cuda launchers; kvc_page_ptr returns a device address too
+ * (it reads the directory entry with an 8-byte device-to-host copy). */
+const char *kvc_backend(const kvc_t *c);
+int kvc_on_device(const kvc_t *c); /* 1 when the mappings are device memory */
+/* Pool bases and page counts in this process's mapping, as the kernels take them. */
+void kvc_pools(const kvc_t *c, kv_pools_t *out);
 /* Address of logical page `page` in this process's mapping, resolved through the directory;
  * NULL when unmapped, out of range or not valid. */
 uint8_t *kvc_page_ptr(const kvc_t *c, uint32_t page);

@@ -1,7 +1,8 @@
 /* backend.c — choosing a backend by name, and the generic destructor.
  *
- * "cuda" is refused here with a clear error until backend_cuda.c exists; DESIGN.md forbids a
- * silent fallback to host when a GPU was asked for.
+ * "cuda" goes to backend_cuda.c when the build has CUDA (KVD_HAVE_CUDA=1); otherwise, and when
+ * no GPU is usable, it is refused with a clear error: DESIGN.md forbids a silent fallback to
+ * host when a GPU was asked for.
  */
 #include "backend.h"
 
@@ -20,9 +21,13 @@ int kvd_backend_create(kvd_backend_t **out, const char *name, const kv_geom_t *g
     if (!name || strcmp(name, "host") == 0)
         return kvd_backend_host_create(out, geom, pages, dir_entries, err, errlen);
     if (strcmp(name, "cuda") == 0) {
+#if defined(KVD_HAVE_CUDA) && KVD_HAVE_CUDA
+        return kvd_backend_cuda_create(out, geom, pages, dir_entries, err, errlen);
+#else
         kvd_fmt(err, errlen, "backend \"cuda\" is not available in this build "
                              "(no CUDA backend compiled in); use backend host");
         return KV_ERR_DEVICE;
+#endif
     }
     kvd_fmt(err, errlen, "unknown backend \"%s\" (expected host or cuda)", name);
     return KV_ERR_INVALID_ARGUMENT;

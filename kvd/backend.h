@@ -56,6 +56,11 @@ typedef struct kvd_backend_ops_s {
     int (*sync)(kvd_backend_t *b, char *err, size_t errlen);
     /* Release everything (unmap, close fds, free impl). Called once by kvd_backend_free. */
     void (*destroy)(kvd_backend_t *b);
+    /* Optional (NULL on host, where `dir` IS the shared memory): make entry `lid` of the host
+     * array `dir` visible in the shared copy, with one 64-bit write, before returning. The core
+     * calls it after every store into dir[] (pages.c). Both copies start all zero. KV_ERR_OK or
+     * KV_ERR_DEVICE. */
+    int (*dir_sync)(kvd_backend_t *b, uint32_t lid, char *err, size_t errlen);
 } kvd_backend_ops_t;
 
 /* Public part of every backend. The daemon-side mapping of the memory is in `pools` and `dir`:
@@ -81,6 +86,14 @@ int kvd_backend_create(kvd_backend_t **out, const char *name, const kv_geom_t *g
 int kvd_backend_host_create(kvd_backend_t **out, const kv_geom_t *geom,
                             const uint32_t pages[KV_FMT_COUNT], uint32_t dir_entries, char *err,
                             size_t errlen);
+/* The cuda backend (backend_cuda.c, built with KVD_HAVE_CUDA): pools and directory in device
+ * memory exported as CUDA VMM POSIX fds; `dir` is a host mirror pushed by ops->dir_sync.
+ * KV_ERR_DEVICE "backend cuda: no CUDA device: <driver message>" without a usable GPU. */
+int kvd_backend_cuda_create(kvd_backend_t **out, const kv_geom_t *geom,
+                            const uint32_t pages[KV_FMT_COUNT], uint32_t dir_entries, char *err,
+                            size_t errlen);
+/* Device address of the directory in the daemon's context (cuda only; NULL otherwise). */
+void *kvd_backend_cuda_dir_device(kvd_backend_t *b);
 /* Destroy and set *b = NULL. NULL-safe. Clients that mapped the memfds keep their mappings. */
 void kvd_backend_free(kvd_backend_t **b);
 

@@ -76,6 +76,18 @@ void kvd__pages_fini(kvd_core_t *c)
     c->lp = NULL;
 }
 
+/* Push entry lid to the backend's shared copy of the directory (cuda: device memory; host:
+ * nothing, dir[] is the shared memfd). A failure here means the device copy no longer matches
+ * the core's view; serving on would hand out wrong pages, so it is fatal. */
+static void dir_sync(kvd_core_t *c, uint32_t lid)
+{
+    if (!c->be->ops->dir_sync)
+        return;
+    char err[256] = "";
+    if (c->be->ops->dir_sync(c->be, lid, err, sizeof(err)) != KV_ERR_OK)
+        KVD_PANIC("directory entry %u could not be published to the device: %s", lid, err);
+}
+
 uint32_t kvd__phys_alloc(kvd_core_t *c, kv_fmt_t f, uint32_t lid)
 {
     kvd_pool_t *pl = &c->pool[f];
@@ -147,6 +159,7 @@ static void logical_free(kvd_core_t *c, uint32_t l)
     kv_dir_entry_t old = __atomic_load_n(&c->dir[l], __ATOMIC_RELAXED);
     __atomic_store_n(&c->dir[l], kv_dir_make(0, KV_FMT_FP8, 0, kv_dir_gen(old) + 1),
                      __ATOMIC_RELEASE);
+    dir_sync(c, l);
     memset(p, 0, sizeof(*p));
     p->state = KVD_PAGE_FREE;
     p->phys = KVD_NONE;
@@ -162,6 +175,7 @@ void kvd__dir_publish(kvd_core_t *c, uint32_t lid, kv_fmt_t f, uint32_t phys, ui
     /* One 64-bit store: a reader sees the old (fmt, phys) or the new one, never a mix. */
     __atomic_store_n(&c->dir[lid], kv_dir_make(phys, f, flags, kv_dir_gen(old) + 1),
                      __ATOMIC_RELEASE);
+    dir_sync(c, lid);
 }
 
 void kvd__stamp_drop(kvd_core_t *c, uint32_t lid)

@@ -308,6 +308,7 @@ static kv_err_t kvd_op_hello(kvd_req_ctx_t *c)
     b_->lease_ms = (uint32_t)s->cfg->lease_ms;
     b_->instance = s->instance;
     b_->pid = (uint32_t)x->pid;
+    b_->backend = (char *)ex->backend; /* how the client imports the fds (kvc_cuda.c) */
     Kvd__PoolDesc **pd = ar_alloc(s, sizeof(*pd) * (KV_FMT_COUNT + 1));
     if (!pd || !b_->geometry)
         return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");

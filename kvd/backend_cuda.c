@@ -1,0 +1,453 @@
+/* backend_cuda.c — the cuda backend: pools and directory in device memory, shared as CUDA VMM
+ * POSIX file descriptors; conversions are kernels of libkvkern_cuda on a daemon stream.
+ *
+ *   region "pool-fp8"  pages[FP8] × page_bytes, rounded up to the allocation granularity
+ *   region "pool-tq3"  pages[TQ3] × page_bytes, rounded up likewise
+ *   region "dir"       dir_entries × 8 bytes (kv_dir_entry_t), rounded up likewise
+ *
+ * Each region is one cuMemCreate allocation (pinned to the device, requested shareable as
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), mapped into the daemon with cuMemAddressReserve /
+ * cuMemMap / cuMemSetAccess(READWRITE), zeroed, and exported once with
+ * cuMemExportToShareableHandle. The fd goes to admitted clients over the same SCM_RIGHTS socket
+ * as the host backend's memfds (server.c); the client imports it with
+ * cuMemImportFromShareableHandle (client/kvc_cuda.c). Why fds rather than cudaIpcMemHandle_t:
+ * an fd can only be obtained from a process that already holds it (SCM_RIGHTS to a peer the
+ * ZAP handler admitted, pid checked with SO_PEERCRED); a legacy IPC handle is 64 bytes that any
+ * local process with the same GPU visible can open — a bearer secret (DESIGN.md).
+ *
+ * Granularity: cuMemGetAllocationGranularity(MINIMUM) — 2 MiB on the H200 — so a small test
+ * pool still costs 2 MiB per region; pool_bytes in the export is the rounded size (backend.h
+ * allows ≥ pages × page_bytes).
+ *
+ * The directory has two copies. backend.h's contract is that `b->dir` is a host array the core
+ * writes with 64-bit atomic stores (its logic reads it back); kernels need it in device memory.
+ * After each store the core calls ops->dir_sync(lid), which writes that one 8-byte entry to the
+ * device with cuStreamWriteValue64 on the daemon stream (a single aligned 64-bit write: a kernel
+ * in another process sees the old entry or the new one, never a mix) and waits for it, so a
+ * reply that names a page is only sent once the device entry is visible. Where 64-bit stream
+ * memory operations are not supported, a synchronous 8-byte cuMemcpyHtoD is used instead
+ * (aligned 8-byte copies are not split by the copy engine in practice; documented as the weaker
+ * path in docs/backend-cuda.md). Both copies start all zero, and kv_dir_make(0, FP8, 0, 0) == 0.
+ *
+ * Conversions: convert() copies the two physical indices into a small device buffer and
+ * launches kvk_cuda_page_retier / kvk_cuda_page_promote on the stream; sync() waits for the
+ * stream. The core flips the directory only after sync() returned 0 (Minima-KV Algorithm 1).
+ *
+ * Legacy mode (opt-in, KVD_CUDA_LEGACY_IPC=1 in the daemon's environment): pools and directory
+ * are plain cuMemAlloc allocations exported with cuIpcGetMemHandle; each 64-byte handle is
+ * written into a sealed memfd and that memfd is what travels over SCM_RIGHTS, so the handover
+ * path is unchanged, but anyone who learns the 64 bytes (a core dump, /proc/<pid>/mem of any
+ * client) can open the memory. The daemon logs this at startup. exp.backend is "cuda-ipc".
+ *
+ * Contexts: the daemon uses the device's primary context (the one the runtime API, hence the
+ * kvkern_cuda launchers, also uses) and makes it current at every entry point, so the loop
+ * thread may be any thread. Device selection: KVD_CUDA_DEVICE (ordinal, default 0).
+ */
+#include "backend.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kv_err.h"
+#include "kvkern_cuda.h"
+#include "util.h"
+
+#define KVD_CUDA_REGIONS (KV_FMT_COUNT + 1) /* pools, then the directory */
+#define KVD_CUDA_DIR KV_FMT_COUNT
+
+typedef struct cuda_region_s {
+    CUdeviceptr ptr;
+    size_t bytes;                     /* mapped (rounded) size */
+    CUmemGenericAllocationHandle mem; /* VMM mode */
+    int mapped, reserved, created;
+} cuda_region_t;
+
+typedef struct cuda_impl_s {
+    CUdevice dev;
+    CUcontext ctx;
+    int ctx_retained;
+    cudaStream_t stream;
+    int legacy_ipc;
+    int write_value64; /* cuStreamWriteValue64 usable */
+    size_t gran;
+    cuda_region_t reg[KVD_CUDA_REGIONS];
+    CUdeviceptr idx; /* [2] uint32: src_phys, dst_phys for one conversion */
+    kv_pools_t dpools;
+} cuda_impl_t;
+
+static const char *cu_str(CUresult r)
+{
+    const char *s = NULL;
+    if (cuGetErrorString(r, &s) != CUDA_SUCCESS || !s)
+        return "unknown CUDA error";
+    return s;
+}
+
+/* Log-where-it-failed helper: the call text and the driver's message. */
+#define CU_TRY(call, err, errlen)                                                                  \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            kvd_fmt(err, errlen, "backend cuda: %s failed: %s", #call, cu_str(r_));                \
+            return r_ == CUDA_ERROR_OUT_OF_MEMORY ? KV_ERR_NOMEM : KV_ERR_DEVICE;                  \
+        }                                                                                          \
+    } while (0)
+
+static int cuda_enter(cuda_impl_t *im, char *err, size_t errlen)
+{
+    CU_TRY(cuCtxSetCurrent(im->ctx), err, errlen);
+    return KV_ERR_OK;
+}
+
+static void cuda_region_free(cuda_region_t *r, int legacy)
+{
+    if (legacy) {
+        if (r->ptr)
+            cuMemFree(r->ptr);
+    } else {
+        if (r->mapped)
+            cuMemUnmap(r->ptr, r->bytes);
+        if (r->reserved)
+            cuMemAddressFree(r->ptr, r->bytes);
+        if (r->created)
+            cuMemRelease(r->mem);
+    }
+    memset(r, 0, sizeof(*r));
+}
+
+static void cuda_destroy(kvd_backend_t *b)
+{
+    cuda_impl_t *im = b->impl;
+    if (im) {
+        if (im->ctx)
+            cuCtxSetCurrent(im->ctx);
+        if (im->stream)
+            cudaStreamSynchronize(im->stream);
+        for (int i = 0; i < KVD_CUDA_REGIONS; i++)
+            cuda_region_free(&im->reg[i], im->legacy_ipc);
+        if (im->idx)
+            cuMemFree(im->idx);
+        if (im->stream)
+            cudaStreamDestroy(im->stream);
+        if (im->ctx_retained)
+            cuDevicePrimaryCtxRelease(im->dev);
+    }
+    for (int f = 0; f < KV_FMT_COUNT; f++)
+        if (b->exp.pool_fd[f] >= 0)
+            close(b->exp.pool_fd[f]);
+    if (b->exp.dir_fd >= 0)
+        close(b->exp.dir_fd);
+    kvd_free(b->dir);
+    kvd_free(im);
+    kvd_free(b);
+}
+
+static int cuda_convert(kvd_backend_t *b, kv_fmt_t src, uint32_t src_phys, kv_fmt_t dst,
+                        uint32_t dst_phys, char *err, size_t errlen)
+{
+    cuda_impl_t *im = b->impl;
+    if (src >= KV_FMT_COUNT || dst >= KV_FMT_COUNT || src == dst ||
+        src_phys >= b->exp.pages[src] || dst_phys >= b->exp.pages[dst]) {
+        kvd_fmt(err, errlen, "convert(%d:%u -> %d:%u): bad format or page", (int)src, src_phys,
+                (int)dst, dst_phys);
+        return KV_ERR_INVALID_ARGUMENT;
+    }
+    if (b->test_fail_convert > 0 && --b->test_fail_convert == 0) {
+        kvd_fmt(err, errlen, "convert: injected failure (test hook)");
+        return KV_ERR_DEVICE;
+    }
+    int rc = cuda_enter(im, err, errlen);
+    if (rc != KV_ERR_OK)
+        return rc;
+    uint32_t ix[2] = {src_phys, dst_phys};
+    /* Pageable source: the driver stages it before returning, so ix may go out of scope. */
+    CU_TRY(cuMemcpyHtoDAsync(im->idx, ix, sizeof(ix), (CUstream)im->stream), err, errlen);
+    const uint32_t *d_src = (const uint32_t *)(uintptr_t)im->idx;
+    kvk_status_t st = src == KV_FMT_FP8
+                          ? kvk_cuda_page_retier(&b->exp.geom, &im->dpools, 1, d_src, d_src + 1,
+                                                 im->stream)
+                          : kvk_cuda_page_promote(&b->exp.geom, &im->dpools, 1, d_src, d_src + 1,
+                                                  im->stream);
+    if (st != KVK_OK) {
+        kvd_fmt(err, errlen, "backend cuda: %s(%u -> %u) failed: kvk status %d (%s)",
+                src == KV_FMT_FP8 ? "kvk_cuda_page_retier" : "kvk_cuda_page_promote", src_phys,
+                dst_phys, (int)st, cudaGetErrorString(cudaGetLastError()));
+        return KV_ERR_DEVICE;
+    }
+    return KV_ERR_OK;
+}
+
+static int cuda_sync(kvd_backend_t *b, char *err, size_t errlen)
+{
+    cuda_impl_t *im = b->impl;
+    int rc = cuda_enter(im, err, errlen);
+    if (rc != KV_ERR_OK)
+        return rc;
+    cudaError_t e = cudaStreamSynchronize(im->stream);
+    if (e != cudaSuccess) {
+        kvd_fmt(err, errlen, "backend cuda: cudaStreamSynchronize failed: %s",
+                cudaGetErrorString(e));
+        return KV_ERR_DEVICE;
+    }
+    return KV_ERR_OK;
+}
+
+static int cuda_dir_sync(kvd_backend_t *b, uint32_t lid, char *err, size_t errlen)
+{
+    cuda_impl_t *im = b->impl;
+    if (lid >= b->exp.dir_entries) {
+        kvd_fmt(err, errlen, "dir_sync(%u): beyond %u entries", lid, b->exp.dir_entries);
+        return KV_ERR_INVALID_ARGUMENT;
+    }
+    int rc = cuda_enter(im, err, errlen);
+    if (rc != KV_ERR_OK)
+        return rc;
+    kv_dir_entry_t e = __atomic_load_n(&b->dir[lid], __ATOMIC_ACQUIRE);
+    CUdeviceptr at = im->reg[KVD_CUDA_DIR].ptr + (CUdeviceptr)lid * sizeof(kv_dir_entry_t);
+    if (im->write_value64) {
+        CU_TRY(cuStreamWriteValue64((CUstream)im->stream, at, (cuuint64_t)e,
+                                    CU_STREAM_WRITE_VALUE_DEFAULT),
+               err, errlen);
+        CU_TRY(cuStreamSynchronize((CUstream)im->stream), err, errlen);
+    } else {
+        CU_TRY(cuMemcpyHtoD(at, &e, sizeof(e)), err, errlen);
+    }
+    return KV_ERR_OK;
+}
+
+static const kvd_backend_ops_t cuda_ops = {
+    .name = "cuda",
+    .convert = cuda_convert,
+    .sync = cuda_sync,
+    .destroy = cuda_destroy,
+    .dir_sync = cuda_dir_sync,
+};
+
+/* One VMM region: create, reserve, map, grant read-write, zero, export as a POSIX fd. */
+static int cuda_region_vmm(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes, int *fd,
+                           char *err, size_t errlen)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = (int)im->dev;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    r->bytes = (size_t)kv_align_up(bytes, im->gran);
+    CU_TRY(cuMemCreate(&r->mem, r->bytes, &prop, 0), err, errlen);
+    r->created = 1;
+    CU_TRY(cuMemAddressReserve(&r->ptr, r->bytes, im->gran, 0, 0), err, errlen);
+    r->reserved = 1;
+    CU_TRY(cuMemMap(r->ptr, r->bytes, 0, r->mem, 0), err, errlen);
+    r->mapped = 1;
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof(acc));
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CU_TRY(cuMemSetAccess(r->ptr, r->bytes, &acc, 1), err, errlen);
+    CU_TRY(cuMemsetD8(r->ptr, 0, r->bytes), err, errlen);
+    int h = -1;
+    CU_TRY(cuMemExportToShareableHandle(&h, r->mem, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+           err, errlen);
+    /* The server forks nothing, but a CLOEXEC fd cannot leak into a helper it might exec. */
+    fcntl(h, F_SETFD, FD_CLOEXEC);
+    *fd = h;
+    return KV_ERR_OK;
+}
+
+/* Legacy: cuMemAlloc + cuIpcGetMemHandle; the handle's bytes travel in a sealed memfd. */
+static int cuda_region_legacy(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes, int *fd,
+                              char *err, size_t errlen)
+{
+    r->bytes = (size_t)kv_align_up(bytes, im->gran);
+    CU_TRY(cuMemAlloc(&r->ptr, r->bytes), err, errlen);
+    CU_TRY(cuMemsetD8(r->ptr, 0, r->bytes), err, errlen);
+    CUipcMemHandle h;
+    CU_TRY(cuIpcGetMemHandle(&h, r->ptr), err, errlen);
+    int m = memfd_create("kvd-cuda-ipc-handle", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (m < 0) {
+        kvd_fmt(err, errlen, "memfd_create(kvd-cuda-ipc-handle) failed: %s", strerror(errno));
+        return KV_ERR_IO;
+    }
+    if (pwrite(m, &h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
+        fcntl(m, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) != 0) {
+        kvd_fmt(err, errlen, "writing the IPC handle memfd failed: %s", strerror(errno));
+        close(m);
+        return KV_ERR_IO;
+    }
+    *fd = m;
+    return KV_ERR_OK;
+}
+
+/* cuInit, device, primary context, capability checks, stream. */
+static int cuda_open_device(cuda_impl_t *im, char *err, size_t errlen)
+{
+    CUresult r = cuInit(0);
+    int n = 0;
+    if (r == CUDA_SUCCESS)
+        r = cuDeviceGetCount(&n);
+    if (r != CUDA_SUCCESS || n == 0) {
+        kvd_fmt(err, errlen, "backend cuda: no CUDA device: %s",
+                r != CUDA_SUCCESS ? cu_str(r) : "cuDeviceGetCount() found 0 devices");
+        return KV_ERR_DEVICE;
+    }
+    int ord = 0;
+    const char *e = getenv("KVD_CUDA_DEVICE");
+    if (e && *e) {
+        char *end = NULL;
+        long v = strtol(e, &end, 10);
+        if (*end || v < 0 || v >= n) {
+            kvd_fmt(err, errlen, "backend cuda: KVD_CUDA_DEVICE=%s is not a device ordinal "
+                                 "below %d", e, n);
+            return KV_ERR_INVALID_ARGUMENT;
+        }
+        ord = (int)v;
+    }
+    CU_TRY(cuDeviceGet(&im->dev, ord), err, errlen);
+    CU_TRY(cuDevicePrimaryCtxRetain(&im->ctx, im->dev), err, errlen);
+    im->ctx_retained = 1;
+    CU_TRY(cuCtxSetCurrent(im->ctx), err, errlen);
+    if (cudaSetDevice(ord) != cudaSuccess) {
+        kvd_fmt(err, errlen, "backend cuda: cudaSetDevice(%d) failed", ord);
+        return KV_ERR_DEVICE;
+    }
+    const char *legacy = getenv("KVD_CUDA_LEGACY_IPC");
+    im->legacy_ipc = legacy && strcmp(legacy, "1") == 0;
+    int vmm = 0, fdok = 0, wv = 0;
+    CU_TRY(cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                im->dev),
+           err, errlen);
+    CU_TRY(cuDeviceGetAttribute(&fdok,
+                                CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                im->dev),
+           err, errlen);
+    if (cuDeviceGetAttribute(&wv, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, im->dev) !=
+        CUDA_SUCCESS)
+        wv = 0;
+    im->write_value64 = wv;
+    if (!im->legacy_ipc && (!vmm || !fdok)) {
+        kvd_fmt(err, errlen, "backend cuda: device %d lacks %s; legacy cudaIpc export is "
+                             "available as an explicit opt-in (KVD_CUDA_LEGACY_IPC=1)",
+                ord, !vmm ? "virtual memory management" : "POSIX fd shareable handles");
+        return KV_ERR_DEVICE;
+    }
+    if (!im->legacy_ipc) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof(prop));
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = (int)im->dev;
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        CU_TRY(cuMemGetAllocationGranularity(&im->gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+               err, errlen);
+    } else {
+        im->gran = 2u << 20; /* same rounding as VMM on Hopper; legacy has no granularity */
+    }
+    if (im->gran == 0)
+        im->gran = 2u << 20;
+    cudaError_t ce = cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking);
+    if (ce != cudaSuccess) {
+        kvd_fmt(err, errlen, "backend cuda: cudaStreamCreateWithFlags failed: %s",
+                cudaGetErrorString(ce));
+        return KV_ERR_DEVICE;
+    }
+    CU_TRY(cuMemAlloc(&im->idx, 2 * sizeof(uint32_t)), err, errlen);
+    if (kvk_cuda_init() != KVK_OK) {
+        kvd_fmt(err, errlen, "backend cuda: kvk_cuda_init failed: %s",
+                cudaGetErrorString(cudaGetLastError()));
+        return KV_ERR_DEVICE;
+    }
+    return KV_ERR_OK;
+}
+
+int kvd_backend_cuda_create(kvd_backend_t **out, const kv_geom_t *geom,
+                            const uint32_t pages[KV_FMT_COUNT], uint32_t dir_entries, char *err,
+                            size_t errlen)
+{
+    if (!out)
+        return KV_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (!kv_geom_valid(geom)) {
+        kvd_fmt(err, errlen, "invalid geometry");
+        return KV_ERR_INVALID_ARGUMENT;
+    }
+    if (dir_entries == 0 || !pages) {
+        kvd_fmt(err, errlen, "the directory needs at least one entry");
+        return KV_ERR_INVALID_ARGUMENT;
+    }
+    kvd_backend_t *b = kvd_calloc(1, sizeof(*b));
+    cuda_impl_t *im = kvd_calloc(1, sizeof(*im));
+    kv_dir_entry_t *mirror = kvd_calloc(dir_entries, sizeof(kv_dir_entry_t));
+    if (!b || !im || !mirror) {
+        kvd_free(b);
+        kvd_free(im);
+        kvd_free(mirror);
+        kvd_fmt(err, errlen, "out of memory creating the cuda backend");
+        return KV_ERR_NOMEM;
+    }
+    b->ops = &cuda_ops;
+    b->impl = im;
+    b->dir = mirror;
+    b->exp.geom = *geom;
+    b->exp.dir_fd = -1;
+    for (int f = 0; f < KV_FMT_COUNT; f++)
+        b->exp.pool_fd[f] = -1;
+    int rc = cuda_open_device(im, err, errlen);
+    b->exp.backend = im->legacy_ipc ? "cuda-ipc" : "cuda";
+    for (int f = 0; f < KV_FMT_COUNT && rc == KV_ERR_OK; f++) {
+        uint64_t pb = kv_page_bytes(geom, (kv_fmt_t)f);
+        b->exp.pages[f] = pages[f];
+        b->exp.page_bytes[f] = pb;
+        b->pools.pages[f] = pages[f];
+        if (pages[f] == 0)
+            continue;
+        if (pb > (UINT64_MAX >> 2) / pages[f] || (uint64_t)pages[f] * pb > (uint64_t)SIZE_MAX) {
+            kvd_fmt(err, errlen, "pool of %u pages of %llu bytes overflows", pages[f],
+                    (unsigned long long)pb);
+            rc = KV_ERR_INVALID_ARGUMENT;
+            break;
+        }
+        uint64_t want = (uint64_t)pages[f] * pb;
+        rc = im->legacy_ipc
+                 ? cuda_region_legacy(im, &im->reg[f], want, &b->exp.pool_fd[f], err, errlen)
+                 : cuda_region_vmm(im, &im->reg[f], want, &b->exp.pool_fd[f], err, errlen);
+        b->exp.pool_bytes[f] = im->reg[f].bytes;
+        b->pools.base[f] = (uint8_t *)(uintptr_t)im->reg[f].ptr;
+    }
+    if (rc == KV_ERR_OK) {
+        b->exp.dir_entries = dir_entries;
+        uint64_t want = (uint64_t)dir_entries * sizeof(kv_dir_entry_t);
+        cuda_region_t *r = &im->reg[KVD_CUDA_DIR];
+        rc = im->legacy_ipc ? cuda_region_legacy(im, r, want, &b->exp.dir_fd, err, errlen)
+                            : cuda_region_vmm(im, r, want, &b->exp.dir_fd, err, errlen);
+        b->exp.dir_bytes = r->bytes;
+    }
+    if (rc != KV_ERR_OK) {
+        cuda_destroy(b);
+        return rc;
+    }
+    im->dpools = b->pools;
+    if (im->legacy_ipc)
+        fprintf(stderr, "kvd: WARNING: backend cuda in legacy cudaIpcMemHandle mode "
+                        "(KVD_CUDA_LEGACY_IPC=1): a memory handle is a 64-byte bearer secret "
+                        "that ANY local process can open once it learns the bytes; the default "
+                        "VMM fd export reaches admitted peers only. Use it only for clients "
+                        "that cannot import VMM fds.\n");
+    *out = b;
+    return KV_ERR_OK;
+}
+
+void *kvd_backend_cuda_dir_device(kvd_backend_t *b)
+{
+    if (!b || b->ops != &cuda_ops)
+        return NULL;
+    cuda_impl_t *im = b->impl;
+    return (void *)(uintptr_t)im->reg[KVD_CUDA_DIR].ptr;
+}
