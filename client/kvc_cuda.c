@@ -26,7 +26,37 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include "kv_cudrv.h"
+
 #define KVC_CUDA_MAX_REGIONS 8
+
+/* Driver functions through the runtime (kv_cudrv.h): libkvc must load where no driver is. */
+#define KVC_CU_FNS(X) \
+    X(cuCtxSetCurrent) \
+    X(cuCtxSynchronize) \
+    X(cuDeviceGet) \
+    X(cuDeviceGetCount) \
+    X(cuDevicePrimaryCtxRelease) \
+    X(cuDevicePrimaryCtxRetain) \
+    X(cuGetErrorString) \
+    X(cuInit) \
+    X(cuIpcCloseMemHandle) \
+    X(cuIpcOpenMemHandle) \
+    X(cuMemAddressFree) \
+    X(cuMemAddressReserve) \
+    X(cuMemGetAllocationGranularity) \
+    X(cuMemGetAllocationPropertiesFromHandle) \
+    X(cuMemImportFromShareableHandle) \
+    X(cuMemMap) \
+    X(cuMemRelease) \
+    X(cuMemSetAccess) \
+    X(cuMemUnmap) \
+    X(cuMemcpyDtoH)
+typedef struct kvc_cu_drv_s {
+    KVC_CU_FNS(KV_CUDRV_MEMBER)
+} kvc_cu_drv_t;
+static kvc_cu_drv_t g_cu;
+static int g_cu_loaded;
 
 typedef struct kvc_cuda_region_s {
     CUdeviceptr ptr;
@@ -45,7 +75,7 @@ struct kvc_cuda_s {
 static const char *cu_str(CUresult r)
 {
     const char *s = NULL;
-    if (cuGetErrorString(r, &s) != CUDA_SUCCESS || !s)
+    if (!g_cu_loaded || g_cu.cuGetErrorString(r, &s) != CUDA_SUCCESS || !s)
         return "unknown CUDA error";
     return s;
 }
@@ -62,10 +92,21 @@ static const char *cu_str(CUresult r)
 kv_err_t kvc__cuda_open(kvc_cuda_t **out, int legacy, char *err, size_t errlen)
 {
     *out = NULL;
-    CUresult r = cuInit(0);
+    if (!g_cu_loaded) {
+        const char *bad = "";
+        cudaError_t le = KV_CUDRV_LOAD_ALL(&g_cu, KVC_CU_FNS, &bad);
+        if (le != cudaSuccess) {
+            snprintf(err, errlen, "kvc cuda: the daemon serves backend cuda but this process has "
+                                  "no CUDA device: %s (resolving %s)",
+                     cudaGetErrorString(le), bad);
+            return KV_ERR_DEVICE;
+        }
+        g_cu_loaded = 1;
+    }
+    CUresult r = g_cu.cuInit(0);
     int n = 0;
     if (r == CUDA_SUCCESS)
-        r = cuDeviceGetCount(&n);
+        r = g_cu.cuDeviceGetCount(&n);
     if (r != CUDA_SUCCESS || n == 0) {
         snprintf(err, errlen, "kvc cuda: the daemon serves backend cuda but this process has no "
                               "CUDA device: %s",
@@ -79,14 +120,14 @@ kv_err_t kvc__cuda_open(kvc_cuda_t **out, int legacy, char *err, size_t errlen)
     if (cudaGetDevice(&ord) != cudaSuccess)
         ord = 0;
     cu->legacy = legacy;
-    if (cuDeviceGet(&cu->dev, ord) != CUDA_SUCCESS ||
-        (r = cuDevicePrimaryCtxRetain(&cu->ctx, cu->dev)) != CUDA_SUCCESS) {
-        snprintf(err, errlen, "kvc cuda: cuDevicePrimaryCtxRetain(device %d) failed", ord);
+    if (g_cu.cuDeviceGet(&cu->dev, ord) != CUDA_SUCCESS ||
+        (r = g_cu.cuDevicePrimaryCtxRetain(&cu->ctx, cu->dev)) != CUDA_SUCCESS) {
+        snprintf(err, errlen, "kvc cuda: g_cu.cuDevicePrimaryCtxRetain(device %d) failed", ord);
         free(cu);
         return KV_ERR_DEVICE;
     }
     *out = cu;
-    CU_TRY(cuCtxSetCurrent(cu->ctx));
+    CU_TRY(g_cu.cuCtxSetCurrent(cu->ctx));
     return KV_ERR_OK;
 }
 
@@ -98,7 +139,7 @@ kv_err_t kvc__cuda_map(kvc_cuda_t *cu, int fd, uint64_t bytes, int readonly, uin
         snprintf(err, errlen, "kvc cuda: too many regions");
         return KV_ERR_MALFORMED;
     }
-    CU_TRY(cuCtxSetCurrent(cu->ctx));
+    CU_TRY(g_cu.cuCtxSetCurrent(cu->ctx));
     kvc_cuda_region_t *rg = &cu->reg[cu->nreg];
     if (cu->legacy) {
         CUipcMemHandle h;
@@ -106,7 +147,7 @@ kv_err_t kvc__cuda_map(kvc_cuda_t *cu, int fd, uint64_t bytes, int readonly, uin
             snprintf(err, errlen, "kvc cuda: reading the legacy IPC handle failed");
             return KV_ERR_MALFORMED;
         }
-        CU_TRY(cuIpcOpenMemHandle(&rg->ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+        CU_TRY(g_cu.cuIpcOpenMemHandle(&rg->ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
         rg->bytes = bytes;
         cu->nreg++;
         cu->dir_ro = 0;
@@ -114,22 +155,22 @@ kv_err_t kvc__cuda_map(kvc_cuda_t *cu, int fd, uint64_t bytes, int readonly, uin
         return KV_ERR_OK;
     }
     CUmemGenericAllocationHandle h;
-    CU_TRY(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+    CU_TRY(g_cu.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof(prop));
     size_t gran = 0;
-    CUresult r = cuMemGetAllocationPropertiesFromHandle(&prop, h);
+    CUresult r = g_cu.cuMemGetAllocationPropertiesFromHandle(&prop, h);
     if (r == CUDA_SUCCESS)
-        r = cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        r = g_cu.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     if (r == CUDA_SUCCESS && (gran == 0 || bytes % gran != 0))
         r = CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr p = 0;
     if (r == CUDA_SUCCESS)
-        r = cuMemAddressReserve(&p, bytes, gran, 0, 0);
-    if (r == CUDA_SUCCESS && (r = cuMemMap(p, bytes, 0, h, 0)) != CUDA_SUCCESS)
-        cuMemAddressFree(p, bytes);
-    cuMemRelease(h); /* the mapping (or nothing, on failure) holds the memory now */
+        r = g_cu.cuMemAddressReserve(&p, bytes, gran, 0, 0);
+    if (r == CUDA_SUCCESS && (r = g_cu.cuMemMap(p, bytes, 0, h, 0)) != CUDA_SUCCESS)
+        g_cu.cuMemAddressFree(p, bytes);
+    g_cu.cuMemRelease(h); /* the mapping (or nothing, on failure) holds the memory now */
     if (r != CUDA_SUCCESS) {
         snprintf(err, errlen, "kvc cuda: importing a %llu-byte region (granularity %zu) failed: "
                               "%s",
@@ -144,10 +185,10 @@ kv_err_t kvc__cuda_map(kvc_cuda_t *cu, int fd, uint64_t bytes, int readonly, uin
     acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     acc.location.id = (int)cu->dev;
     acc.flags = readonly ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = cuMemSetAccess(p, bytes, &acc, 1);
+    r = g_cu.cuMemSetAccess(p, bytes, &acc, 1);
     if (r != CUDA_SUCCESS && readonly) {
         acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE; /* see the file comment */
-        r = cuMemSetAccess(p, bytes, &acc, 1);
+        r = g_cu.cuMemSetAccess(p, bytes, &acc, 1);
         cu->dir_ro = 0;
     } else if (readonly) {
         cu->dir_ro = 1;
@@ -162,8 +203,8 @@ kv_err_t kvc__cuda_map(kvc_cuda_t *cu, int fd, uint64_t bytes, int readonly, uin
 
 kv_err_t kvc__cuda_read(kvc_cuda_t *cu, const void *src, void *dst, size_t n)
 {
-    if (cuCtxSetCurrent(cu->ctx) != CUDA_SUCCESS ||
-        cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, n) != CUDA_SUCCESS)
+    if (g_cu.cuCtxSetCurrent(cu->ctx) != CUDA_SUCCESS ||
+        g_cu.cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, n) != CUDA_SUCCESS)
         return KV_ERR_DEVICE;
     return KV_ERR_OK;
 }
@@ -178,18 +219,18 @@ void kvc__cuda_close(kvc_cuda_t **pcu)
     if (!pcu || !*pcu)
         return;
     kvc_cuda_t *cu = *pcu;
-    cuCtxSetCurrent(cu->ctx);
+    g_cu.cuCtxSetCurrent(cu->ctx);
     /* Kernels of ours that still read these mappings must be done before they vanish. */
-    cuCtxSynchronize();
+    g_cu.cuCtxSynchronize();
     for (int i = 0; i < cu->nreg; i++) {
         if (cu->legacy) {
-            cuIpcCloseMemHandle(cu->reg[i].ptr);
+            g_cu.cuIpcCloseMemHandle(cu->reg[i].ptr);
         } else {
-            cuMemUnmap(cu->reg[i].ptr, cu->reg[i].bytes);
-            cuMemAddressFree(cu->reg[i].ptr, cu->reg[i].bytes);
+            g_cu.cuMemUnmap(cu->reg[i].ptr, cu->reg[i].bytes);
+            g_cu.cuMemAddressFree(cu->reg[i].ptr, cu->reg[i].bytes);
         }
     }
-    cuDevicePrimaryCtxRelease(cu->dev);
+    g_cu.cuDevicePrimaryCtxRelease(cu->dev);
     free(cu);
     *pcu = NULL;
 }

@@ -7,7 +7,7 @@
  *
  * Each region is one cuMemCreate allocation (pinned to the device, requested shareable as
  * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), mapped into the daemon with cuMemAddressReserve /
- * cuMemMap / cuMemSetAccess(READWRITE), zeroed, and exported once with
+ * cuMemMap / g_cu.cuMemSetAccess(READWRITE), zeroed, and exported once with
  * cuMemExportToShareableHandle. The fd goes to admitted clients over the same SCM_RIGHTS socket
  * as the host backend's memfds (server.c); the client imports it with
  * cuMemImportFromShareableHandle (client/kvc_cuda.c). Why fds rather than cudaIpcMemHandle_t:
@@ -15,7 +15,7 @@
  * ZAP handler admitted, pid checked with SO_PEERCRED); a legacy IPC handle is 64 bytes that any
  * local process with the same GPU visible can open — a bearer secret (DESIGN.md).
  *
- * Granularity: cuMemGetAllocationGranularity(MINIMUM) — 2 MiB on the H200 — so a small test
+ * Granularity: g_cu.cuMemGetAllocationGranularity(MINIMUM) — 2 MiB on the H200 — so a small test
  * pool still costs 2 MiB per region; pool_bytes in the export is the rounded size (backend.h
  * allows ≥ pages × page_bytes).
  *
@@ -56,11 +56,46 @@
 #include <unistd.h>
 
 #include "kv_err.h"
+#include "kv_cudrv.h"
 #include "kvkern_cuda.h"
 #include "util.h"
 
 #define KVD_CUDA_REGIONS (KV_FMT_COUNT + 1) /* pools, then the directory */
 #define KVD_CUDA_DIR KV_FMT_COUNT
+
+/* Driver functions, resolved through the runtime (kv_cudrv.h: no link to libcuda, so a CUDA
+ * build of kvd still starts, and says why, on a machine without a driver). Filled once. */
+#define CUDA_FNS(X) \
+    X(cuCtxSetCurrent) \
+    X(cuDeviceGet) \
+    X(cuDeviceGetAttribute) \
+    X(cuDeviceGetCount) \
+    X(cuDevicePrimaryCtxRelease) \
+    X(cuDevicePrimaryCtxRetain) \
+    X(cuGetErrorString) \
+    X(cuInit) \
+    X(cuIpcGetMemHandle) \
+    X(cuMemAddressFree) \
+    X(cuMemAddressReserve) \
+    X(cuMemAlloc) \
+    X(cuMemCreate) \
+    X(cuMemExportToShareableHandle) \
+    X(cuMemFree) \
+    X(cuMemGetAllocationGranularity) \
+    X(cuMemMap) \
+    X(cuMemRelease) \
+    X(cuMemSetAccess) \
+    X(cuMemUnmap) \
+    X(cuMemcpyHtoD) \
+    X(cuMemcpyHtoDAsync) \
+    X(cuMemsetD8) \
+    X(cuStreamSynchronize) \
+    X(cuStreamWriteValue64)
+typedef struct cuda_drv_s {
+    CUDA_FNS(KV_CUDRV_MEMBER)
+} cuda_drv_t;
+static cuda_drv_t g_cu;
+static int g_cu_loaded;
 
 typedef struct cuda_region_s {
     CUdeviceptr ptr;
@@ -85,7 +120,7 @@ typedef struct cuda_impl_s {
 static const char *cu_str(CUresult r)
 {
     const char *s = NULL;
-    if (cuGetErrorString(r, &s) != CUDA_SUCCESS || !s)
+    if (!g_cu_loaded || g_cu.cuGetErrorString(r, &s) != CUDA_SUCCESS || !s)
         return "unknown CUDA error";
     return s;
 }
@@ -102,7 +137,7 @@ static const char *cu_str(CUresult r)
 
 static int cuda_enter(cuda_impl_t *im, char *err, size_t errlen)
 {
-    CU_TRY(cuCtxSetCurrent(im->ctx), err, errlen);
+    CU_TRY(g_cu.cuCtxSetCurrent(im->ctx), err, errlen);
     return KV_ERR_OK;
 }
 
@@ -110,14 +145,14 @@ static void cuda_region_free(cuda_region_t *r, int legacy)
 {
     if (legacy) {
         if (r->ptr)
-            cuMemFree(r->ptr);
+            g_cu.cuMemFree(r->ptr);
     } else {
         if (r->mapped)
-            cuMemUnmap(r->ptr, r->bytes);
+            g_cu.cuMemUnmap(r->ptr, r->bytes);
         if (r->reserved)
-            cuMemAddressFree(r->ptr, r->bytes);
+            g_cu.cuMemAddressFree(r->ptr, r->bytes);
         if (r->created)
-            cuMemRelease(r->mem);
+            g_cu.cuMemRelease(r->mem);
     }
     memset(r, 0, sizeof(*r));
 }
@@ -125,19 +160,19 @@ static void cuda_region_free(cuda_region_t *r, int legacy)
 static void cuda_destroy(kvd_backend_t *b)
 {
     cuda_impl_t *im = b->impl;
-    if (im) {
+    if (im && g_cu_loaded) {
         if (im->ctx)
-            cuCtxSetCurrent(im->ctx);
+            g_cu.cuCtxSetCurrent(im->ctx);
         if (im->stream)
             cudaStreamSynchronize(im->stream);
         for (int i = 0; i < KVD_CUDA_REGIONS; i++)
             cuda_region_free(&im->reg[i], im->legacy_ipc);
         if (im->idx)
-            cuMemFree(im->idx);
+            g_cu.cuMemFree(im->idx);
         if (im->stream)
             cudaStreamDestroy(im->stream);
         if (im->ctx_retained)
-            cuDevicePrimaryCtxRelease(im->dev);
+            g_cu.cuDevicePrimaryCtxRelease(im->dev);
     }
     for (int f = 0; f < KV_FMT_COUNT; f++)
         if (b->exp.pool_fd[f] >= 0)
@@ -168,7 +203,7 @@ static int cuda_convert(kvd_backend_t *b, kv_fmt_t src, uint32_t src_phys, kv_fm
         return rc;
     uint32_t ix[2] = {src_phys, dst_phys};
     /* Pageable source: the driver stages it before returning, so ix may go out of scope. */
-    CU_TRY(cuMemcpyHtoDAsync(im->idx, ix, sizeof(ix), (CUstream)im->stream), err, errlen);
+    CU_TRY(g_cu.cuMemcpyHtoDAsync(im->idx, ix, sizeof(ix), (CUstream)im->stream), err, errlen);
     const uint32_t *d_src = (const uint32_t *)(uintptr_t)im->idx;
     kvk_status_t st = src == KV_FMT_FP8
                           ? kvk_cuda_page_retier(&b->exp.geom, &im->dpools, 1, d_src, d_src + 1,
@@ -212,12 +247,12 @@ static int cuda_dir_sync(kvd_backend_t *b, uint32_t lid, char *err, size_t errle
     kv_dir_entry_t e = __atomic_load_n(&b->dir[lid], __ATOMIC_ACQUIRE);
     CUdeviceptr at = im->reg[KVD_CUDA_DIR].ptr + (CUdeviceptr)lid * sizeof(kv_dir_entry_t);
     if (im->write_value64) {
-        CU_TRY(cuStreamWriteValue64((CUstream)im->stream, at, (cuuint64_t)e,
+        CU_TRY(g_cu.cuStreamWriteValue64((CUstream)im->stream, at, (cuuint64_t)e,
                                     CU_STREAM_WRITE_VALUE_DEFAULT),
                err, errlen);
-        CU_TRY(cuStreamSynchronize((CUstream)im->stream), err, errlen);
+        CU_TRY(g_cu.cuStreamSynchronize((CUstream)im->stream), err, errlen);
     } else {
-        CU_TRY(cuMemcpyHtoD(at, &e, sizeof(e)), err, errlen);
+        CU_TRY(g_cu.cuMemcpyHtoD(at, &e, sizeof(e)), err, errlen);
     }
     return KV_ERR_OK;
 }
@@ -241,20 +276,20 @@ static int cuda_region_vmm(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes, in
     prop.location.id = (int)im->dev;
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     r->bytes = (size_t)kv_align_up(bytes, im->gran);
-    CU_TRY(cuMemCreate(&r->mem, r->bytes, &prop, 0), err, errlen);
+    CU_TRY(g_cu.cuMemCreate(&r->mem, r->bytes, &prop, 0), err, errlen);
     r->created = 1;
-    CU_TRY(cuMemAddressReserve(&r->ptr, r->bytes, im->gran, 0, 0), err, errlen);
+    CU_TRY(g_cu.cuMemAddressReserve(&r->ptr, r->bytes, im->gran, 0, 0), err, errlen);
     r->reserved = 1;
-    CU_TRY(cuMemMap(r->ptr, r->bytes, 0, r->mem, 0), err, errlen);
+    CU_TRY(g_cu.cuMemMap(r->ptr, r->bytes, 0, r->mem, 0), err, errlen);
     r->mapped = 1;
     CUmemAccessDesc acc;
     memset(&acc, 0, sizeof(acc));
     acc.location = prop.location;
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CU_TRY(cuMemSetAccess(r->ptr, r->bytes, &acc, 1), err, errlen);
-    CU_TRY(cuMemsetD8(r->ptr, 0, r->bytes), err, errlen);
+    CU_TRY(g_cu.cuMemSetAccess(r->ptr, r->bytes, &acc, 1), err, errlen);
+    CU_TRY(g_cu.cuMemsetD8(r->ptr, 0, r->bytes), err, errlen);
     int h = -1;
-    CU_TRY(cuMemExportToShareableHandle(&h, r->mem, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+    CU_TRY(g_cu.cuMemExportToShareableHandle(&h, r->mem, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
            err, errlen);
     /* The server forks nothing, but a CLOEXEC fd cannot leak into a helper it might exec. */
     fcntl(h, F_SETFD, FD_CLOEXEC);
@@ -267,10 +302,10 @@ static int cuda_region_legacy(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes,
                               char *err, size_t errlen)
 {
     r->bytes = (size_t)kv_align_up(bytes, im->gran);
-    CU_TRY(cuMemAlloc(&r->ptr, r->bytes), err, errlen);
-    CU_TRY(cuMemsetD8(r->ptr, 0, r->bytes), err, errlen);
+    CU_TRY(g_cu.cuMemAlloc(&r->ptr, r->bytes), err, errlen);
+    CU_TRY(g_cu.cuMemsetD8(r->ptr, 0, r->bytes), err, errlen);
     CUipcMemHandle h;
-    CU_TRY(cuIpcGetMemHandle(&h, r->ptr), err, errlen);
+    CU_TRY(g_cu.cuIpcGetMemHandle(&h, r->ptr), err, errlen);
     int m = memfd_create("kvd-cuda-ipc-handle", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (m < 0) {
         kvd_fmt(err, errlen, "memfd_create(kvd-cuda-ipc-handle) failed: %s", strerror(errno));
@@ -289,10 +324,20 @@ static int cuda_region_legacy(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes,
 /* cuInit, device, primary context, capability checks, stream. */
 static int cuda_open_device(cuda_impl_t *im, char *err, size_t errlen)
 {
-    CUresult r = cuInit(0);
+    if (!g_cu_loaded) {
+        const char *bad = "";
+        cudaError_t le = KV_CUDRV_LOAD_ALL(&g_cu, CUDA_FNS, &bad);
+        if (le != cudaSuccess) {
+            kvd_fmt(err, errlen, "backend cuda: no CUDA device: %s (resolving %s)",
+                    cudaGetErrorString(le), bad);
+            return KV_ERR_DEVICE;
+        }
+        g_cu_loaded = 1;
+    }
+    CUresult r = g_cu.cuInit(0);
     int n = 0;
     if (r == CUDA_SUCCESS)
-        r = cuDeviceGetCount(&n);
+        r = g_cu.cuDeviceGetCount(&n);
     if (r != CUDA_SUCCESS || n == 0) {
         kvd_fmt(err, errlen, "backend cuda: no CUDA device: %s",
                 r != CUDA_SUCCESS ? cu_str(r) : "cuDeviceGetCount() found 0 devices");
@@ -310,10 +355,10 @@ static int cuda_open_device(cuda_impl_t *im, char *err, size_t errlen)
         }
         ord = (int)v;
     }
-    CU_TRY(cuDeviceGet(&im->dev, ord), err, errlen);
-    CU_TRY(cuDevicePrimaryCtxRetain(&im->ctx, im->dev), err, errlen);
+    CU_TRY(g_cu.cuDeviceGet(&im->dev, ord), err, errlen);
+    CU_TRY(g_cu.cuDevicePrimaryCtxRetain(&im->ctx, im->dev), err, errlen);
     im->ctx_retained = 1;
-    CU_TRY(cuCtxSetCurrent(im->ctx), err, errlen);
+    CU_TRY(g_cu.cuCtxSetCurrent(im->ctx), err, errlen);
     if (cudaSetDevice(ord) != cudaSuccess) {
         kvd_fmt(err, errlen, "backend cuda: cudaSetDevice(%d) failed", ord);
         return KV_ERR_DEVICE;
@@ -321,14 +366,14 @@ static int cuda_open_device(cuda_impl_t *im, char *err, size_t errlen)
     const char *legacy = getenv("KVD_CUDA_LEGACY_IPC");
     im->legacy_ipc = legacy && strcmp(legacy, "1") == 0;
     int vmm = 0, fdok = 0, wv = 0;
-    CU_TRY(cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+    CU_TRY(g_cu.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                                 im->dev),
            err, errlen);
-    CU_TRY(cuDeviceGetAttribute(&fdok,
+    CU_TRY(g_cu.cuDeviceGetAttribute(&fdok,
                                 CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                                 im->dev),
            err, errlen);
-    if (cuDeviceGetAttribute(&wv, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, im->dev) !=
+    if (g_cu.cuDeviceGetAttribute(&wv, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, im->dev) !=
         CUDA_SUCCESS)
         wv = 0;
     im->write_value64 = wv;
@@ -345,7 +390,7 @@ static int cuda_open_device(cuda_impl_t *im, char *err, size_t errlen)
         prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         prop.location.id = (int)im->dev;
         prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        CU_TRY(cuMemGetAllocationGranularity(&im->gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+        CU_TRY(g_cu.cuMemGetAllocationGranularity(&im->gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
                err, errlen);
     } else {
         im->gran = 2u << 20; /* same rounding as VMM on Hopper; legacy has no granularity */
@@ -358,7 +403,7 @@ static int cuda_open_device(cuda_impl_t *im, char *err, size_t errlen)
                 cudaGetErrorString(ce));
         return KV_ERR_DEVICE;
     }
-    CU_TRY(cuMemAlloc(&im->idx, 2 * sizeof(uint32_t)), err, errlen);
+    CU_TRY(g_cu.cuMemAlloc(&im->idx, 2 * sizeof(uint32_t)), err, errlen);
     if (kvk_cuda_init() != KVK_OK) {
         kvd_fmt(err, errlen, "backend cuda: kvk_cuda_init failed: %s",
                 cudaGetErrorString(cudaGetLastError()));

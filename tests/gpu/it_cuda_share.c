@@ -1,0 +1,414 @@
+/* it_cuda_share.c — two engine processes share KV pages in GPU memory through kvd (cuda
+ * backend), end to end: real daemon, real protocol, CUDA VMM fds over SCM_RIGHTS.
+ *
+ *   parent   starts `kvd --backend cuda` on a temporary ipc endpoint (mkdtemp), waits for it
+ *            with a no-map hello (the parent never initialises CUDA, so fork() stays legal)
+ *   A        hello (imports pools + directory), allocates 3 FP8 pages, writes K/V of 48 tokens
+ *            into every layer with the append kernel (resolving pages through the DEVICE
+ *            directory), seals the 3 pages under token ids, runs decode attention (partial +
+ *            merge via kvk_cuda_attn_decode) over them, saves the output and the raw page
+ *            bytes, then waits until B is done and runs attention again
+ *   B        another process: hello, lookup of the same tokens → must hit all 48 tokens on the
+ *            SAME logical pages; reads the page bytes through its own mapping (must equal A's
+ *            bytes), runs the same attention with the same query through its own mapping
+ *   checks   A's and B's outputs are bit-identical (same kernel, same pages, same inputs), and
+ *            A's second run equals its first (B's lookup did not disturb the pages); outputs
+ *            finite and not all zero; the daemon exits 0 on SIGTERM.
+ *
+ * Not registered with ctest (CI has no GPU). Run: it_cuda_share [--kvd PATH] (or KVD_BIN=PATH);
+ * prints PASS/FAIL per check and "N passed, M failed"; exit 1 on any failure.
+ * Geometry: layers 2, kv_heads 4, head_dim 128, page_tokens 16, q_heads 8 (GQA 2), seq_len 45
+ * (the last page partly used: awkward on purpose).
+ */
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvc.h"
+#include "kvkern.h"
+#include "kvkern_cuda.h"
+
+#ifndef KVD_BIN_DEFAULT
+#define KVD_BIN_DEFAULT "kvd"
+#endif
+
+enum { LAYERS = 2, KVH = 4, HD = 128, PT = 16, NPAGES = 3, QH = 8, SEQ = 45, ATTN_LAYER = 1 };
+#define NTOK (NPAGES * PT)
+
+static int g_pass, g_fail;
+static char g_dir[256], g_ep[320];
+
+static void check(int ok, const char *name, const char *fmt, ...)
+{
+    char msg[256] = "";
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    printf("%s %s%s%s\n", ok ? "PASS" : "FAIL", name, msg[0] ? ": " : "", msg);
+    fflush(stdout);
+    if (ok)
+        g_pass++;
+    else
+        g_fail++;
+}
+
+/* In the children: any failure is fatal, with the call text; the parent sees the exit code. */
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        long r_ = (long)(call);                                                                    \
+        if (r_ != 0) {                                                                             \
+            fprintf(stderr, "[%d] %s:%d: %s -> %ld\n", (int)getpid(), __FILE__, __LINE__, #call,   \
+                    r_);                                                                           \
+            _exit(3);                                                                              \
+        }                                                                                          \
+    } while (0)
+#define KCK(c, call)                                                                               \
+    do {                                                                                           \
+        kv_err_t e_ = (call);                                                                      \
+        if (e_ != KV_ERR_OK) {                                                                     \
+            fprintf(stderr, "[%d] %s:%d: %s -> %d (%s)\n", (int)getpid(), __FILE__, __LINE__,      \
+                    #call, (int)e_, kvc_errmsg(c));                                                \
+            _exit(3);                                                                              \
+        }                                                                                          \
+    } while (0)
+
+static void path(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s", g_dir, name);
+}
+
+static void save(const char *name, const void *p, size_t n)
+{
+    char f[400];
+    path(f, sizeof f, name);
+    FILE *fp = fopen(f, "wb");
+    if (!fp || fwrite(p, 1, n, fp) != n || fclose(fp) != 0) {
+        fprintf(stderr, "cannot write %s\n", f);
+        _exit(3);
+    }
+}
+
+static size_t load(const char *name, void *p, size_t cap)
+{
+    char f[400];
+    path(f, sizeof f, name);
+    FILE *fp = fopen(f, "rb");
+    if (!fp)
+        return 0;
+    size_t n = fread(p, 1, cap, fp);
+    fclose(fp);
+    return n;
+}
+
+static void tokens(uint32_t *t)
+{
+    for (uint32_t i = 0; i < NTOK; i++)
+        t[i] = 1000 + 7 * i;
+}
+
+/* Deterministic pseudo-random float in [-a, a) from an index (identical in every process). */
+static float val(uint64_t i, float a)
+{
+    uint64_t x = kv_splitmix64(i);
+    return ((float)(x >> 40) / (float)(1u << 24) * 2.0f - 1.0f) * a;
+}
+
+static kvc_t *client(const char *name)
+{
+    kvc_t *c = NULL;
+    if (kvc_connect(&c, g_ep, 20000) != KV_ERR_OK)
+        _exit(3);
+    KCK(c, kvc_hello(c, NULL, name, 1));
+    if (strcmp(kvc_backend(c), "cuda") != 0 || !kvc_on_device(c)) {
+        fprintf(stderr, "[%s] backend '%s', on device %d\n", name, kvc_backend(c),
+                kvc_on_device(c));
+        _exit(4);
+    }
+    return c;
+}
+
+/* Decode attention of one query over pages[NPAGES] (logical ids), SEQ tokens, on the device
+ * through this process's mapping. out: host [QH][HD]. */
+static void attention(kvc_t *c, const uint32_t *pages, float *out)
+{
+    kv_pools_t pools;
+    kvc_pools(c, &pools);
+    const kv_dir_entry_t *dir = (const kv_dir_entry_t *)kvc_directory(c);
+    float q[QH * HD];
+    for (uint32_t i = 0; i < QH * HD; i++)
+        q[i] = val(0xABCDull + i, 1.0f);
+    uint32_t indptr[2] = {0, NPAGES}, len = SEQ;
+    uint32_t *d_indptr, *d_ids, *d_len;
+    float *d_q, *d_out;
+    const uint32_t splits = 2;
+    size_t ws = kvk_cuda_attn_workspace_bytes(1, QH, HD, splits);
+    void *d_ws;
+    CK(cudaMalloc((void **)&d_indptr, sizeof indptr));
+    CK(cudaMalloc((void **)&d_ids, 4 * NPAGES));
+    CK(cudaMalloc((void **)&d_len, 4));
+    CK(cudaMalloc((void **)&d_q, sizeof q));
+    CK(cudaMalloc((void **)&d_out, sizeof q));
+    CK(cudaMalloc(&d_ws, ws));
+    CK(cudaMemcpy(d_indptr, indptr, sizeof indptr, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_ids, pages, 4 * NPAGES, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_len, &len, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_q, q, sizeof q, cudaMemcpyHostToDevice));
+    kv_attn_batch_t b = {.batch = 1, .q_heads = QH, .layer = ATTN_LAYER,
+                         .sm_scale = 1.0f / sqrtf((float)HD), .page_indptr = d_indptr,
+                         .page_ids = d_ids, .seq_len = d_len};
+    CK(kvk_cuda_attn_decode(kvc_geom(c), &pools, dir, kvc_dir_entries(c), &b, d_q, splits, d_ws,
+                            ws, d_out, 0));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(out, d_out, sizeof q, cudaMemcpyDeviceToHost));
+    cudaFree(d_indptr);
+    cudaFree(d_ids);
+    cudaFree(d_len);
+    cudaFree(d_q);
+    cudaFree(d_out);
+    cudaFree(d_ws);
+}
+
+/* Raw bytes of the pages, copied through this process's mapping. */
+static void page_bytes(kvc_t *c, const uint32_t *pages, uint8_t *out)
+{
+    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    for (int i = 0; i < NPAGES; i++) {
+        uint8_t *p = kvc_page_ptr(c, pages[i]);
+        if (!p)
+            _exit(5);
+        CK(cudaMemcpy(out + i * pb, p, pb, cudaMemcpyDeviceToHost));
+    }
+}
+
+static int child_a(int ready_fd, int go_fd)
+{
+    CK(cudaSetDevice(0));
+    kvc_t *c = client("it-cuda-A");
+    /* the engine's kernels are synchronous here, so the default safe-epoch mode is right */
+    uint32_t pages[NPAGES];
+    KCK(c, kvc_alloc(c, KV_FMT_FP8, NPAGES, pages));
+    kv_pools_t pools;
+    kvc_pools(c, &pools);
+    const kv_dir_entry_t *dir = (const kv_dir_entry_t *)kvc_directory(c);
+    static uint16_t k[NTOK * KVH * HD], v[NTOK * KVH * HD];
+    uint32_t sp[NTOK], si[NTOK];
+    for (uint32_t t = 0; t < NTOK; t++) {
+        sp[t] = pages[t / PT];
+        si[t] = t % PT;
+    }
+    void *dk, *dv, *dsp, *dsi;
+    CK(cudaMalloc(&dk, sizeof k));
+    CK(cudaMalloc(&dv, sizeof v));
+    CK(cudaMalloc(&dsp, sizeof sp));
+    CK(cudaMalloc(&dsi, sizeof si));
+    CK(cudaMemcpy(dsp, sp, sizeof sp, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dsi, si, sizeof si, cudaMemcpyHostToDevice));
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        for (uint32_t i = 0; i < NTOK * KVH * HD; i++) {
+            /* a few large outliers so scales differ across tokens */
+            float o = (i % 97 == 0) ? 8.0f : 1.0f;
+            k[i] = kv_half_from_float(val(((uint64_t)l << 32) | i, 2.0f * o));
+            v[i] = kv_half_from_float(val(((uint64_t)(l + 16) << 32) | i, 3.0f));
+        }
+        CK(cudaMemcpy(dk, k, sizeof k, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dv, v, sizeof v, cudaMemcpyHostToDevice));
+        CK(kvk_cuda_fp8_append(kvc_geom(c), &pools, dir, kvc_dir_entries(c), l, NTOK, dsp, dsi,
+                               dk, dv, KVK_DTYPE_F16, 0));
+    }
+    CK(cudaDeviceSynchronize());
+    uint32_t tok[NTOK];
+    tokens(tok);
+    uint32_t prev = KVP_NO_PAGE;
+    for (int i = 0; i < NPAGES; i++) {
+        uint32_t out_page;
+        KCK(c, kvc_seal(c, pages[i], prev, tok + i * PT, PT, NULL, 0, &out_page));
+        if (out_page != pages[i])
+            _exit(6); /* a fresh daemon holds no duplicate */
+        prev = pages[i];
+    }
+    float out[QH * HD];
+    attention(c, pages, out);
+    save("outA.bin", out, sizeof out);
+    save("pagesA.ids", pages, sizeof pages);
+    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    uint8_t *raw = malloc(NPAGES * pb);
+    page_bytes(c, pages, raw);
+    save("pagesA.bin", raw, NPAGES * pb);
+    free(raw);
+    char x = 'r';
+    if (write(ready_fd, &x, 1) != 1)
+        _exit(3);
+    if (read(go_fd, &x, 1) != 1) /* B is done */
+        _exit(3);
+    attention(c, pages, out);
+    save("outA2.bin", out, sizeof out);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dsp);
+    cudaFree(dsi);
+    kvc_close(&c);
+    return 0;
+}
+
+static int child_b(void)
+{
+    CK(cudaSetDevice(0));
+    kvc_t *c = client("it-cuda-B");
+    uint32_t tok[NTOK], pages[NPAGES] = {0}, matched = 0;
+    size_t n = 0;
+    tokens(tok);
+    KCK(c, kvc_lookup(c, tok, NTOK, NULL, 0, 0, pages, NPAGES, &n, &matched));
+    save("pagesB.ids", pages, sizeof pages);
+    uint32_t nm[2] = {(uint32_t)n, matched};
+    save("matchB.bin", nm, sizeof nm);
+    if (n != NPAGES)
+        return 0; /* the parent reports it */
+    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    uint8_t *raw = malloc(NPAGES * pb);
+    page_bytes(c, pages, raw);
+    save("pagesB.bin", raw, NPAGES * pb);
+    free(raw);
+    float out[QH * HD];
+    attention(c, pages, out);
+    save("outB.bin", out, sizeof out);
+    KCK(c, kvc_release(c, pages, NPAGES));
+    kvc_close(&c);
+    return 0;
+}
+
+static int wait_child(pid_t p)
+{
+    int st = 0;
+    while (waitpid(p, &st, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int main(int argc, char **argv)
+{
+    const char *kvd = getenv("KVD_BIN") ? getenv("KVD_BIN") : KVD_BIN_DEFAULT;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--kvd") == 0)
+            kvd = argv[++i];
+    snprintf(g_dir, sizeof g_dir, "/tmp/kvd-gpu-XXXXXX");
+    if (!mkdtemp(g_dir))
+        return 2;
+    snprintf(g_ep, sizeof g_ep, "ipc://%s/kvd.sock", g_dir);
+    char logp[400];
+    path(logp, sizeof logp, "kvd.log");
+    pid_t dpid = fork();
+    if (dpid == 0) {
+        int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            dup2(fd, 2);
+            close(fd);
+        }
+        execl(kvd, kvd, "--endpoint", g_ep, "--backend", "cuda", "--layers", "2", "--kv_heads",
+              "4", "--head_dim", "128", "--page_tokens", "16", "--pages_fp8", "64",
+              "--pages_tq3", "32", "--epoch_ms", "5", (char *)NULL);
+        fprintf(stderr, "exec %s: %s\n", kvd, strerror(errno));
+        _exit(127);
+    }
+    /* ready when a no-map hello succeeds (no CUDA in the parent) */
+    int up = 0;
+    for (int i = 0; i < 400 && !up; i++) {
+        kvc_t *c = NULL;
+        if (kvc_connect(&c, g_ep, 200) == KV_ERR_OK && kvc_hello(c, NULL, "probe", 0) == KV_ERR_OK)
+            up = 1;
+        kvc_close(&c);
+        int st;
+        if (!up && waitpid(dpid, &st, WNOHANG) == dpid)
+            break;
+        if (!up) {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    check(up, "daemon up", "kvd %s --backend cuda on %s (log %s)", kvd, g_ep, logp);
+    if (!up) {
+        char buf[2048] = "";
+        size_t n = load("kvd.log", buf, sizeof buf - 1);
+        buf[n] = 0;
+        printf("kvd log:\n%s\n", buf);
+        kill(dpid, SIGKILL);
+        wait_child(dpid);
+        printf("%d passed, %d failed\n", g_pass, g_fail);
+        return 1;
+    }
+    int ready[2], go[2];
+    if (pipe(ready) || pipe(go))
+        return 2;
+    pid_t a = fork();
+    if (a == 0) {
+        close(ready[0]);
+        close(go[1]);
+        _exit(child_a(ready[1], go[0]));
+    }
+    close(ready[1]);
+    close(go[0]);
+    char x;
+    int a_ready = read(ready[0], &x, 1) == 1;
+    check(a_ready, "A appended, sealed, attended", "");
+    int rb = -1;
+    if (a_ready) {
+        pid_t b = fork();
+        if (b == 0)
+            _exit(child_b());
+        rb = wait_child(b);
+    }
+    check(rb == 0, "B ran", "exit %d", rb);
+    if (write(go[1], "g", 1) != 1)
+        return 2;
+    int ra = wait_child(a);
+    check(ra == 0, "A ran", "exit %d", ra);
+
+    uint32_t ia[NPAGES] = {0}, ib[NPAGES] = {1}, nm[2] = {0, 0};
+    load("pagesA.ids", ia, sizeof ia);
+    load("pagesB.ids", ib, sizeof ib);
+    load("matchB.bin", nm, sizeof nm);
+    check(nm[0] == NPAGES && nm[1] == NTOK && memcmp(ia, ib, sizeof ia) == 0, "B hits A's pages",
+          "%u pages, %u tokens matched; A %u,%u,%u B %u,%u,%u", nm[0], nm[1], ia[0], ia[1], ia[2],
+          ib[0], ib[1], ib[2]);
+    static uint8_t pa[NPAGES << 20], pbuf[NPAGES << 20];
+    size_t na = load("pagesA.bin", pa, sizeof pa), nb = load("pagesB.bin", pbuf, sizeof pbuf);
+    check(na > 0 && na == nb && memcmp(pa, pbuf, na) == 0, "B sees A's bytes",
+          "%zu bytes through A's mapping, %zu through B's", na, nb);
+    float oa[QH * HD], ob[QH * HD], oa2[QH * HD];
+    size_t s1 = load("outA.bin", oa, sizeof oa), s2 = load("outB.bin", ob, sizeof ob),
+           s3 = load("outA2.bin", oa2, sizeof oa2);
+    int finite = s1 == sizeof oa, nonzero = 0;
+    for (int i = 0; finite && i < QH * HD; i++) {
+        finite = isfinite(oa[i]);
+        nonzero |= oa[i] != 0.0f;
+    }
+    check(finite && nonzero, "output sane", "finite and not all zero; out[0] = %g", oa[0]);
+    int ndiff = 0;
+    for (int i = 0; i < QH * HD; i++)
+        ndiff += memcmp(&oa[i], &ob[i], sizeof(float)) != 0;
+    check(s1 == s2 && s1 == sizeof oa && ndiff == 0, "A == B bit-exact", "%d of %d floats differ",
+          ndiff, QH * HD);
+    check(s3 == sizeof oa && memcmp(oa, oa2, sizeof oa) == 0, "A stable after B", "");
+
+    kill(dpid, SIGTERM);
+    int rd = wait_child(dpid);
+    check(rd == 0, "daemon clean exit", "status %d", rd);
+    if (g_fail) {
+        char buf[4096] = "";
+        size_t n = load("kvd.log", buf, sizeof buf - 1);
+        buf[n] = 0;
+        printf("kvd log:\n%s\n", buf);
+    }
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}

@@ -1,0 +1,283 @@
+/* test_backend_cuda.c — the cuda backend of kvd (kvd/backend_cuda.c) on a real GPU, in one
+ * process, through the core's API (no daemon, no sockets: it_cuda_share covers those).
+ *
+ * Checks, each printed PASS/FAIL, then "N passed, M failed" (exit 1 if any failed):
+ *   export     backend "cuda", fds ≥ 0, pool_bytes a multiple of the VMM granularity and
+ *              ≥ pages × page_bytes, directory size likewise
+ *   import     the exported directory fd imported again (cuMemImportFromShareableHandle) and
+ *              mapped at a second address shows the same bytes as the daemon's device copy
+ *   publish    after alloc, every allocated entry on the device equals the host mirror (VALID,
+ *              FP8, phys) — the device copy is what kernels read
+ *   append     the FP8 append kernel, resolving pages through the device directory, wrote the
+ *              pages (nonzero scales where the input is nonzero)
+ *   retier     kvd_core_convert(→ TQ3): device entry flipped to (TQ3, new phys, gen+1) and the
+ *              TQ3 page is bit-identical to kvk_cuda_page_retier of the same source run
+ *              directly (same kernel; the kernel-vs-CPU tolerance is test_kernels' business)
+ *   promote    back to FP8 the same way, compared with kvk_cuda_page_promote
+ *   failure    with the test hook a failed conversion leaves the device entry untouched
+ *   device     KVD_CUDA_DEVICE=999 is refused with a message naming the variable
+ *
+ * Geometry: layers 3, kv_heads 2, head_dim 128, page_tokens 13 (awkward: not a power of two,
+ * so block tails have padding), 7 FP8 + 5 TQ3 pages.
+ */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "core.h"
+#include "kv_err.h"
+#include "kvkern.h"
+#include "kvkern_cuda.h"
+
+static int g_pass, g_fail;
+
+static void check(int ok, const char *name, const char *fmt, ...)
+{
+    char msg[256] = "";
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    printf("%s %s%s%s\n", ok ? "PASS" : "FAIL", name, msg[0] ? ": " : "", msg);
+    if (ok)
+        g_pass++;
+    else
+        g_fail++;
+}
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        int r_ = (int)(call);                                                                      \
+        if (r_ != 0) {                                                                             \
+            printf("FATAL %s:%d: %s -> %d\n", __FILE__, __LINE__, #call, r_);                      \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static kv_dir_entry_t dev_entry(kvd_backend_t *b, uint32_t lid)
+{
+    kv_dir_entry_t e = 0;
+    CK(cuMemcpyDtoH(&e, (CUdeviceptr)(uintptr_t)kvd_backend_cuda_dir_device(b) + 8ull * lid, 8));
+    return e;
+}
+
+int main(void)
+{
+    const kv_geom_t g = {.layers = 3, .kv_heads = 2, .head_dim = 128, .page_tokens = 13,
+                         .seed = 0x5eed};
+    kvd_core_opts_t o;
+    kvd_core_opts_default(&o, &g, 7, 5);
+    o.backend = "cuda";
+    char err[512] = "";
+
+    /* device: a bad ordinal is a clear error, never a fallback */
+    setenv("KVD_CUDA_DEVICE", "999", 1);
+    kvd_core_t *bad = NULL;
+    int rc = kvd_core_init(&bad, &o, err, sizeof err);
+    check(rc != KV_ERR_OK && bad == NULL && strstr(err, "KVD_CUDA_DEVICE"), "device",
+          "rc %d, '%s'", rc, err);
+    unsetenv("KVD_CUDA_DEVICE");
+
+    kvd_core_t *c = NULL;
+    rc = kvd_core_init(&c, &o, err, sizeof err);
+    if (rc != KV_ERR_OK) {
+        printf("FATAL kvd_core_init(cuda): %d %s\n", rc, err);
+        return 2;
+    }
+    kvd_backend_t *b = kvd_core_backend(c);
+    const kvd_export_t *ex = kvd_core_export(c);
+
+    /* export */
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    int ok = strcmp(ex->backend, "cuda") == 0 && ex->dir_fd >= 0 && gran > 0 &&
+             ex->dir_bytes % gran == 0 && ex->dir_bytes >= 8ull * ex->dir_entries;
+    for (int f = 0; f < KV_FMT_COUNT; f++)
+        ok = ok && ex->pool_fd[f] >= 0 && ex->pool_bytes[f] % gran == 0 &&
+             ex->pool_bytes[f] >= (uint64_t)ex->pages[f] * ex->page_bytes[f];
+    check(ok, "export", "backend %s, granularity %zu, pools %llu/%llu bytes, dir %llu bytes",
+          ex->backend, gran, (unsigned long long)ex->pool_bytes[0],
+          (unsigned long long)ex->pool_bytes[1], (unsigned long long)ex->dir_bytes);
+
+    /* publish */
+    uint64_t sid;
+    CK(kvd_core_session_open(c, (int32_t)getpid(), (uint32_t)getuid(), &sid));
+    uint32_t ids[3];
+    CK(kvd_core_alloc(c, sid, 3, ids));
+    ok = 1;
+    for (int i = 0; i < 3; i++) {
+        kv_dir_entry_t d = dev_entry(b, ids[i]), h = b->dir[ids[i]];
+        ok = ok && d == h && (kv_dir_flags(d) & KV_DIR_VALID) && kv_dir_fmt(d) == KV_FMT_FP8;
+    }
+    check(ok, "publish", "3 allocated entries equal on device and host");
+
+    /* import: a second mapping of the exported directory sees the same bytes */
+    {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr p = 0;
+        CK(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)ex->dir_fd,
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        CK(cuMemAddressReserve(&p, ex->dir_bytes, gran, 0, 0));
+        CK(cuMemMap(p, ex->dir_bytes, 0, h, 0));
+        CUmemAccessDesc acc = {.location = prop.location,
+                               .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CK(cuMemSetAccess(p, ex->dir_bytes, &acc, 1));
+        kv_dir_entry_t e[3];
+        ok = 1;
+        for (int i = 0; i < 3; i++) {
+            CK(cuMemcpyDtoH(&e[i], p + 8ull * ids[i], 8));
+            ok = ok && e[i] == b->dir[ids[i]];
+        }
+        check(ok, "import", "entries read through a second mapping of the exported fd");
+        cuMemUnmap(p, ex->dir_bytes);
+        cuMemAddressFree(p, ex->dir_bytes);
+        cuMemRelease(h);
+    }
+
+    /* append: KV for all 13 slots of each page, every layer, through the device directory */
+    const uint32_t ntok = 3 * g.page_tokens, row = g.kv_heads * g.head_dim;
+    uint16_t *hk = malloc(sizeof(uint16_t) * ntok * row), *hv = malloc(sizeof(uint16_t) * ntok * row);
+    uint32_t *sp = malloc(4 * ntok), *si = malloc(4 * ntok);
+    srand(7);
+    for (uint32_t i = 0; i < ntok * row; i++) {
+        hk[i] = kv_half_from_float((float)rand() / RAND_MAX * 4.0f - 2.0f);
+        hv[i] = kv_half_from_float((float)rand() / RAND_MAX * 6.0f - 3.0f);
+    }
+    for (uint32_t t = 0; t < ntok; t++) {
+        sp[t] = ids[t / g.page_tokens];
+        si[t] = t % g.page_tokens;
+    }
+    void *dk, *dv, *dsp, *dsi;
+    CK(cudaMalloc(&dk, 2ull * ntok * row));
+    CK(cudaMalloc(&dv, 2ull * ntok * row));
+    CK(cudaMalloc(&dsp, 4ull * ntok));
+    CK(cudaMalloc(&dsi, 4ull * ntok));
+    CK(cudaMemcpy(dsp, sp, 4ull * ntok, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dsi, si, 4ull * ntok, cudaMemcpyHostToDevice));
+    const kv_dir_entry_t *ddir = kvd_backend_cuda_dir_device(b);
+    for (uint32_t l = 0; l < g.layers; l++) {
+        /* a different input per layer: shift the values */
+        for (uint32_t i = 0; i < ntok * row; i++)
+            hk[i] ^= (uint16_t)(l << 3);
+        CK(cudaMemcpy(dk, hk, 2ull * ntok * row, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dv, hv, 2ull * ntok * row, cudaMemcpyHostToDevice));
+        CK(kvk_cuda_fp8_append(&g, &b->pools, ddir, ex->dir_entries, l, ntok, dsp, dsi, dk, dv,
+                               KVK_DTYPE_F16, 0));
+    }
+    CK(cudaDeviceSynchronize());
+    uint64_t pb8 = ex->page_bytes[KV_FMT_FP8], pbt = ex->page_bytes[KV_FMT_TQ3];
+    uint8_t *page = malloc(pb8), *t1 = malloc(pb8 > pbt ? pb8 : pbt), *t2 = malloc(pb8);
+    uint32_t p0 = kv_dir_phys(b->dir[ids[0]]);
+    CK(cudaMemcpy(page, b->pools.base[KV_FMT_FP8] + p0 * pb8, pb8, cudaMemcpyDeviceToHost));
+    float sc;
+    memcpy(&sc, page + kv_block_offset(&g, KV_FMT_FP8, 2, KV_KIND_V, 1) +
+                    kv_block_meta_offset(&g, KV_FMT_FP8) + 4 * 12, 4);
+    check(sc > 0.0f && sc != 1.0f && isfinite(sc), "append", "scale of layer 2 V head 1 slot 12 "
+          "= %g", sc);
+
+    /* retier: through the core, then the same kernel directly into a scratch TQ3 page */
+    kv_dir_entry_t before = dev_entry(b, ids[0]);
+    rc = kvd_core_convert(c, ids[0], KV_FMT_TQ3);
+    kv_dir_entry_t after = dev_entry(b, ids[0]);
+    check(rc == KV_ERR_OK && after == b->dir[ids[0]] && kv_dir_fmt(after) == KV_FMT_TQ3 &&
+              kv_dir_gen(after) == kv_dir_gen(before) + 1 &&
+              kv_dir_phys(after) < ex->pages[KV_FMT_TQ3],
+          "retier flip", "rc %d, entry %016llx -> %016llx", rc, (unsigned long long)before,
+          (unsigned long long)after);
+    uint32_t *dix;
+    CK(cudaMalloc((void **)&dix, 8));
+    uint8_t *scratch;
+    CK(cudaMalloc((void **)&scratch, pb8 + pbt));
+    {
+        /* pools whose TQ3 "pool" is the scratch page: direct retier of FP8 p0 into it */
+        kv_pools_t sp8 = b->pools;
+        sp8.base[KV_FMT_TQ3] = scratch;
+        sp8.pages[KV_FMT_TQ3] = 1;
+        uint32_t ix[2] = {p0, 0};
+        CK(cudaMemcpy(dix, ix, 8, cudaMemcpyHostToDevice));
+        CK(kvk_cuda_page_retier(&g, &sp8, 1, dix, dix + 1, 0));
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(t1, scratch, pbt, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(t2, b->pools.base[KV_FMT_TQ3] + kv_dir_phys(after) * pbt, pbt,
+                      cudaMemcpyDeviceToHost));
+        size_t diff = 0;
+        for (uint64_t i = 0; i < pbt; i++)
+            diff += t1[i] != t2[i];
+        check(diff == 0, "retier bytes", "%zu of %llu bytes differ from a direct retier", diff,
+              (unsigned long long)pbt);
+    }
+
+    /* promote back */
+    before = after;
+    rc = kvd_core_convert(c, ids[0], KV_FMT_FP8);
+    after = dev_entry(b, ids[0]);
+    check(rc == KV_ERR_OK && after == b->dir[ids[0]] && kv_dir_fmt(after) == KV_FMT_FP8 &&
+              kv_dir_gen(after) == kv_dir_gen(before) + 1,
+          "promote flip", "rc %d, entry %016llx -> %016llx", rc, (unsigned long long)before,
+          (unsigned long long)after);
+    {
+        kv_pools_t s8 = b->pools;
+        s8.base[KV_FMT_FP8] = scratch + pbt; /* 256-aligned: pbt is a multiple of 256 */
+        s8.pages[KV_FMT_FP8] = 1;
+        uint32_t ix[2] = {kv_dir_phys(before), 0};
+        CK(cudaMemcpy(dix, ix, 8, cudaMemcpyHostToDevice));
+        CK(kvk_cuda_page_promote(&g, &s8, 1, dix, dix + 1, 0));
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(t1, scratch + pbt, pb8, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(t2, b->pools.base[KV_FMT_FP8] + kv_dir_phys(after) * pb8, pb8,
+                      cudaMemcpyDeviceToHost));
+        size_t diff = 0;
+        for (uint64_t i = 0; i < pb8; i++)
+            diff += t1[i] != t2[i];
+        check(diff == 0, "promote bytes", "%zu of %llu bytes differ from a direct promote", diff,
+              (unsigned long long)pb8);
+    }
+
+    /* failure: the hook fails the conversion; the device entry must not move */
+    before = dev_entry(b, ids[1]);
+    b->test_fail_convert = 1;
+    rc = kvd_core_convert(c, ids[1], KV_FMT_TQ3);
+    after = dev_entry(b, ids[1]);
+    check(rc == KV_ERR_DEVICE && after == before && after == b->dir[ids[1]], "failure",
+          "rc %d, entry %016llx -> %016llx", rc, (unsigned long long)before,
+          (unsigned long long)after);
+
+    /* release: the freed entries are cleared on the device too */
+    CK(kvd_core_release(c, sid, ids, 3));
+    CK(kvd_core_session_close(c, sid));
+    kvd_core_collect(c);
+    ok = 1;
+    for (int i = 0; i < 3; i++)
+        ok = ok && dev_entry(b, ids[i]) == b->dir[ids[i]] &&
+             !(kv_dir_flags(b->dir[ids[i]]) & KV_DIR_VALID);
+    check(ok, "release", "freed entries invalid on the device and in the mirror");
+
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dsp);
+    cudaFree(dsi);
+    cudaFree(dix);
+    cudaFree(scratch);
+    free(hk);
+    free(hv);
+    free(sp);
+    free(si);
+    free(page);
+    free(t1);
+    free(t2);
+    kvd_core_free(&c);
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
