@@ -479,6 +479,9 @@ int kvd_backend_cuda_create(kvd_backend_t **out, const kv_geom_t *geom,
         return rc;
     }
     im->dpools = b->pools;
+    fprintf(stderr, "kvd: backend cuda: device %d, granularity %zu bytes, directory entries "
+                    "published with %s\n", (int)im->dev, im->gran,
+            im->write_value64 ? "cuStreamWriteValue64" : "cuMemcpyHtoD (no 64-bit stream ops)");
     if (im->legacy_ipc)
         fprintf(stderr, "kvd: WARNING: backend cuda in legacy cudaIpcMemHandle mode "
                         "(KVD_CUDA_LEGACY_IPC=1): a memory handle is a 64-byte bearer secret "

@@ -16,6 +16,7 @@
  *            finite and not all zero; the daemon exits 0 on SIGTERM.
  *
  * Not registered with ctest (CI has no GPU). Run: it_cuda_share [--kvd PATH] (or KVD_BIN=PATH);
+ * with KVD_CUDA_LEGACY_IPC=1 in the environment the daemon and clients use the legacy mode;
  * prints PASS/FAIL per check and "N passed, M failed"; exit 1 on any failure.
  * Geometry: layers 2, kv_heads 4, head_dim 128, page_tokens 16, q_heads 8 (GQA 2), seq_len 45
  * (the last page partly used: awkward on purpose).
@@ -130,7 +131,10 @@ static kvc_t *client(const char *name)
     if (kvc_connect(&c, g_ep, 20000) != KV_ERR_OK)
         _exit(3);
     KCK(c, kvc_hello(c, NULL, name, 1));
-    if (strcmp(kvc_backend(c), "cuda") != 0 || !kvc_on_device(c)) {
+    /* KVD_CUDA_LEGACY_IPC=1 is inherited by the daemon: then the legacy import is tested */
+    const char *lg = getenv("KVD_CUDA_LEGACY_IPC");
+    const char *want = lg && strcmp(lg, "1") == 0 ? "cuda-ipc" : "cuda";
+    if (strcmp(kvc_backend(c), want) != 0 || !kvc_on_device(c)) {
         fprintf(stderr, "[%s] backend '%s', on device %d\n", name, kvc_backend(c),
                 kvc_on_device(c));
         _exit(4);
@@ -403,6 +407,15 @@ int main(int argc, char **argv)
     kill(dpid, SIGTERM);
     int rd = wait_child(dpid);
     check(rd == 0, "daemon clean exit", "status %d", rd);
+    {
+        /* the daemon's own account of the backend (device, granularity, publish path, legacy) */
+        char buf[8192] = "";
+        size_t n = load("kvd.log", buf, sizeof buf - 1);
+        buf[n] = 0;
+        for (char *l = strtok(buf, "\n"); l; l = strtok(NULL, "\n"))
+            if (strstr(l, "backend cuda") || strstr(l, "WARNING"))
+                printf("INFO %s\n", l);
+    }
     if (g_fail) {
         char buf[4096] = "";
         size_t n = load("kvd.log", buf, sizeof buf - 1);

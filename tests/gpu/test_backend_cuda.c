@@ -141,6 +141,22 @@ int main(void)
             ok = ok && e[i] == b->dir[ids[i]];
         }
         check(ok, "import", "entries read through a second mapping of the exported fd");
+        /* Can a client map the directory read-only? If the driver accepts PROT_READ, a write
+         * through that mapping must fail; if it refuses, that is reported (docs: a known gap). */
+        CUmemAccessDesc ro = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READ};
+        CUresult rr = cuMemSetAccess(p, ex->dir_bytes, &ro, 1);
+        if (rr == CUDA_SUCCESS) {
+            kv_dir_entry_t junk = ~0ull;
+            CUresult wr = cuMemcpyHtoD(p + 8ull * ids[0], &junk, 8);
+            kv_dir_entry_t now = dev_entry(b, ids[0]);
+            check(wr != CUDA_SUCCESS && now == b->dir[ids[0]], "import read-only",
+                  "write through a PROT_READ mapping: %d, entry intact %d", (int)wr,
+                  now == b->dir[ids[0]]);
+        } else {
+            const char *m = "";
+            cuGetErrorString(rr, &m);
+            printf("INFO import read-only: cuMemSetAccess(PROT_READ) refused: %s\n", m);
+        }
         cuMemUnmap(p, ex->dir_bytes);
         cuMemAddressFree(p, ex->dir_bytes);
         cuMemRelease(h);
@@ -150,10 +166,10 @@ int main(void)
     const uint32_t ntok = 3 * g.page_tokens, row = g.kv_heads * g.head_dim;
     uint16_t *hk = malloc(sizeof(uint16_t) * ntok * row), *hv = malloc(sizeof(uint16_t) * ntok * row);
     uint32_t *sp = malloc(4 * ntok), *si = malloc(4 * ntok);
-    srand(7);
-    for (uint32_t i = 0; i < ntok * row; i++) {
-        hk[i] = kv_half_from_float((float)rand() / RAND_MAX * 4.0f - 2.0f);
-        hv[i] = kv_half_from_float((float)rand() / RAND_MAX * 6.0f - 3.0f);
+    for (uint32_t i = 0; i < ntok * row; i++) { /* uniform in [-2, 2) and [-3, 3) */
+        hk[i] = kv_half_from_float((float)(kv_splitmix64(i) >> 40) / (1u << 24) * 4.0f - 2.0f);
+        hv[i] = kv_half_from_float((float)(kv_splitmix64(~(uint64_t)i) >> 40) / (1u << 24) *
+                                       6.0f - 3.0f);
     }
     for (uint32_t t = 0; t < ntok; t++) {
         sp[t] = ids[t / g.page_tokens];
