@@ -31,26 +31,26 @@
 #define KVC_CUDA_MAX_REGIONS 8
 
 /* Driver functions through the runtime (kv_cudrv.h): libkvc must load where no driver is. */
-#define KVC_CU_FNS(X) \
-    X(cuCtxSetCurrent) \
-    X(cuCtxSynchronize) \
-    X(cuDeviceGet) \
-    X(cuDeviceGetCount) \
-    X(cuDevicePrimaryCtxRelease) \
-    X(cuDevicePrimaryCtxRetain) \
-    X(cuGetErrorString) \
-    X(cuInit) \
-    X(cuIpcCloseMemHandle) \
-    X(cuIpcOpenMemHandle) \
-    X(cuMemAddressFree) \
-    X(cuMemAddressReserve) \
-    X(cuMemGetAllocationGranularity) \
-    X(cuMemGetAllocationPropertiesFromHandle) \
-    X(cuMemImportFromShareableHandle) \
-    X(cuMemMap) \
-    X(cuMemRelease) \
-    X(cuMemSetAccess) \
-    X(cuMemUnmap) \
+#define KVC_CU_FNS(X)                                                                              \
+    X(cuCtxSetCurrent)                                                                             \
+    X(cuCtxSynchronize)                                                                            \
+    X(cuDeviceGet)                                                                                 \
+    X(cuDeviceGetCount)                                                                            \
+    X(cuDevicePrimaryCtxRelease)                                                                   \
+    X(cuDevicePrimaryCtxRetain)                                                                    \
+    X(cuGetErrorString)                                                                            \
+    X(cuInit)                                                                                      \
+    X(cuIpcCloseMemHandle)                                                                         \
+    X(cuIpcOpenMemHandle)                                                                          \
+    X(cuMemAddressFree)                                                                            \
+    X(cuMemAddressReserve)                                                                         \
+    X(cuMemGetAllocationGranularity)                                                               \
+    X(cuMemGetAllocationPropertiesFromHandle)                                                      \
+    X(cuMemImportFromShareableHandle)                                                              \
+    X(cuMemMap)                                                                                    \
+    X(cuMemRelease)                                                                                \
+    X(cuMemSetAccess)                                                                              \
+    X(cuMemUnmap)                                                                                  \
     X(cuMemcpyDtoH)
 typedef struct kvc_cu_drv_s {
     KVC_CU_FNS(KV_CUDRV_MEMBER)
@@ -96,8 +96,9 @@ kv_err_t kvc__cuda_open(kvc_cuda_t **out, int legacy, char *err, size_t errlen)
         const char *bad = "";
         cudaError_t le = KV_CUDRV_LOAD_ALL(&g_cu, KVC_CU_FNS, &bad);
         if (le != cudaSuccess) {
-            snprintf(err, errlen, "kvc cuda: the daemon serves backend cuda but this process has "
-                                  "no CUDA device: %s (resolving %s)",
+            snprintf(err, errlen,
+                     "kvc cuda: the daemon serves backend cuda but this process has "
+                     "no CUDA device: %s (resolving %s)",
                      cudaGetErrorString(le), bad);
             return KV_ERR_DEVICE;
         }
@@ -108,8 +109,9 @@ kv_err_t kvc__cuda_open(kvc_cuda_t **out, int legacy, char *err, size_t errlen)
     if (r == CUDA_SUCCESS)
         r = g_cu.cuDeviceGetCount(&n);
     if (r != CUDA_SUCCESS || n == 0) {
-        snprintf(err, errlen, "kvc cuda: the daemon serves backend cuda but this process has no "
-                              "CUDA device: %s",
+        snprintf(err, errlen,
+                 "kvc cuda: the daemon serves backend cuda but this process has no "
+                 "CUDA device: %s",
                  r != CUDA_SUCCESS ? cu_str(r) : "0 devices");
         return KV_ERR_DEVICE;
     }
@@ -156,7 +158,7 @@ kv_err_t kvc__cuda_map(kvc_cuda_t *cu, int fd, uint64_t bytes, int readonly, uin
     }
     CUmemGenericAllocationHandle h;
     CU_TRY(g_cu.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
-                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof(prop));
     size_t gran = 0;
@@ -172,8 +174,9 @@ kv_err_t kvc__cuda_map(kvc_cuda_t *cu, int fd, uint64_t bytes, int readonly, uin
         g_cu.cuMemAddressFree(p, bytes);
     g_cu.cuMemRelease(h); /* the mapping (or nothing, on failure) holds the memory now */
     if (r != CUDA_SUCCESS) {
-        snprintf(err, errlen, "kvc cuda: importing a %llu-byte region (granularity %zu) failed: "
-                              "%s",
+        snprintf(err, errlen,
+                 "kvc cuda: importing a %llu-byte region (granularity %zu) failed: "
+                 "%s",
                  (unsigned long long)bytes, gran, cu_str(r));
         return KV_ERR_DEVICE;
     }
@@ -239,8 +242,9 @@ void kvc__cuda_close(kvc_cuda_t **pcu)
 
 static kv_err_t kvc_cuda_absent(char *err, size_t errlen)
 {
-    snprintf(err, errlen, "kvc: the daemon serves backend cuda but this libkvc was built "
-                          "without CUDA; rebuild with KVD_CUDA=ON");
+    snprintf(err, errlen,
+             "kvc: the daemon serves backend cuda but this libkvc was built "
+             "without CUDA; rebuild with KVD_CUDA=ON");
     return KV_ERR_DEVICE;
 }
 

@@ -61,35 +61,35 @@
 #include "util.h"
 
 #define KVD_CUDA_REGIONS (KV_FMT_COUNT + 1) /* pools, then the directory */
-#define KVD_CUDA_DIR KV_FMT_COUNT
+#define KVD_CUDA_DIR     KV_FMT_COUNT
 
 /* Driver functions, resolved through the runtime (kv_cudrv.h: no link to libcuda, so a CUDA
  * build of kvd still starts, and says why, on a machine without a driver). Filled once. */
-#define CUDA_FNS(X) \
-    X(cuCtxSetCurrent) \
-    X(cuDeviceGet) \
-    X(cuDeviceGetAttribute) \
-    X(cuDeviceGetCount) \
-    X(cuDevicePrimaryCtxRelease) \
-    X(cuDevicePrimaryCtxRetain) \
-    X(cuGetErrorString) \
-    X(cuInit) \
-    X(cuIpcGetMemHandle) \
-    X(cuMemAddressFree) \
-    X(cuMemAddressReserve) \
-    X(cuMemAlloc) \
-    X(cuMemCreate) \
-    X(cuMemExportToShareableHandle) \
-    X(cuMemFree) \
-    X(cuMemGetAllocationGranularity) \
-    X(cuMemMap) \
-    X(cuMemRelease) \
-    X(cuMemSetAccess) \
-    X(cuMemUnmap) \
-    X(cuMemcpyHtoD) \
-    X(cuMemcpyHtoDAsync) \
-    X(cuMemsetD8) \
-    X(cuStreamSynchronize) \
+#define CUDA_FNS(X)                                                                                \
+    X(cuCtxSetCurrent)                                                                             \
+    X(cuDeviceGet)                                                                                 \
+    X(cuDeviceGetAttribute)                                                                        \
+    X(cuDeviceGetCount)                                                                            \
+    X(cuDevicePrimaryCtxRelease)                                                                   \
+    X(cuDevicePrimaryCtxRetain)                                                                    \
+    X(cuGetErrorString)                                                                            \
+    X(cuInit)                                                                                      \
+    X(cuIpcGetMemHandle)                                                                           \
+    X(cuMemAddressFree)                                                                            \
+    X(cuMemAddressReserve)                                                                         \
+    X(cuMemAlloc)                                                                                  \
+    X(cuMemCreate)                                                                                 \
+    X(cuMemExportToShareableHandle)                                                                \
+    X(cuMemFree)                                                                                   \
+    X(cuMemGetAllocationGranularity)                                                               \
+    X(cuMemMap)                                                                                    \
+    X(cuMemRelease)                                                                                \
+    X(cuMemSetAccess)                                                                              \
+    X(cuMemUnmap)                                                                                  \
+    X(cuMemcpyHtoD)                                                                                \
+    X(cuMemcpyHtoDAsync)                                                                           \
+    X(cuMemsetD8)                                                                                  \
+    X(cuStreamSynchronize)                                                                         \
     X(cuStreamWriteValue64)
 typedef struct cuda_drv_s {
     CUDA_FNS(KV_CUDRV_MEMBER)
@@ -188,8 +188,8 @@ static int cuda_convert(kvd_backend_t *b, kv_fmt_t src, uint32_t src_phys, kv_fm
                         uint32_t dst_phys, char *err, size_t errlen)
 {
     cuda_impl_t *im = b->impl;
-    if (src >= KV_FMT_COUNT || dst >= KV_FMT_COUNT || src == dst ||
-        src_phys >= b->exp.pages[src] || dst_phys >= b->exp.pages[dst]) {
+    if (src >= KV_FMT_COUNT || dst >= KV_FMT_COUNT || src == dst || src_phys >= b->exp.pages[src] ||
+        dst_phys >= b->exp.pages[dst]) {
         kvd_fmt(err, errlen, "convert(%d:%u -> %d:%u): bad format or page", (int)src, src_phys,
                 (int)dst, dst_phys);
         return KV_ERR_INVALID_ARGUMENT;
@@ -205,11 +205,10 @@ static int cuda_convert(kvd_backend_t *b, kv_fmt_t src, uint32_t src_phys, kv_fm
     /* Pageable source: the driver stages it before returning, so ix may go out of scope. */
     CU_TRY(g_cu.cuMemcpyHtoDAsync(im->idx, ix, sizeof(ix), (CUstream)im->stream), err, errlen);
     const uint32_t *d_src = (const uint32_t *)(uintptr_t)im->idx;
-    kvk_status_t st = src == KV_FMT_FP8
-                          ? kvk_cuda_page_retier(&b->exp.geom, &im->dpools, 1, d_src, d_src + 1,
-                                                 im->stream)
-                          : kvk_cuda_page_promote(&b->exp.geom, &im->dpools, 1, d_src, d_src + 1,
-                                                  im->stream);
+    kvk_status_t st =
+        src == KV_FMT_FP8
+            ? kvk_cuda_page_retier(&b->exp.geom, &im->dpools, 1, d_src, d_src + 1, im->stream)
+            : kvk_cuda_page_promote(&b->exp.geom, &im->dpools, 1, d_src, d_src + 1, im->stream);
     if (st != KVK_OK) {
         kvd_fmt(err, errlen, "backend cuda: %s(%u -> %u) failed: kvk status %d (%s)",
                 src == KV_FMT_FP8 ? "kvk_cuda_page_retier" : "kvk_cuda_page_promote", src_phys,
@@ -248,7 +247,7 @@ static int cuda_dir_sync(kvd_backend_t *b, uint32_t lid, char *err, size_t errle
     CUdeviceptr at = im->reg[KVD_CUDA_DIR].ptr + (CUdeviceptr)lid * sizeof(kv_dir_entry_t);
     if (im->write_value64) {
         CU_TRY(g_cu.cuStreamWriteValue64((CUstream)im->stream, at, (cuuint64_t)e,
-                                    CU_STREAM_WRITE_VALUE_DEFAULT),
+                                         CU_STREAM_WRITE_VALUE_DEFAULT),
                err, errlen);
         CU_TRY(g_cu.cuStreamSynchronize((CUstream)im->stream), err, errlen);
     } else {
@@ -266,8 +265,8 @@ static const kvd_backend_ops_t cuda_ops = {
 };
 
 /* One VMM region: create, reserve, map, grant read-write, zero, export as a POSIX fd. */
-static int cuda_region_vmm(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes, int *fd,
-                           char *err, size_t errlen)
+static int cuda_region_vmm(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes, int *fd, char *err,
+                           size_t errlen)
 {
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof(prop));
@@ -289,8 +288,9 @@ static int cuda_region_vmm(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes, in
     CU_TRY(g_cu.cuMemSetAccess(r->ptr, r->bytes, &acc, 1), err, errlen);
     CU_TRY(g_cu.cuMemsetD8(r->ptr, 0, r->bytes), err, errlen);
     int h = -1;
-    CU_TRY(g_cu.cuMemExportToShareableHandle(&h, r->mem, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-           err, errlen);
+    CU_TRY(
+        g_cu.cuMemExportToShareableHandle(&h, r->mem, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+        err, errlen);
     /* The server forks nothing, but a CLOEXEC fd cannot leak into a helper it might exec. */
     fcntl(h, F_SETFD, FD_CLOEXEC);
     *fd = h;
@@ -298,8 +298,8 @@ static int cuda_region_vmm(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes, in
 }
 
 /* Legacy: cuMemAlloc + cuIpcGetMemHandle; the handle's bytes travel in a sealed memfd. */
-static int cuda_region_legacy(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes, int *fd,
-                              char *err, size_t errlen)
+static int cuda_region_legacy(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes, int *fd, char *err,
+                              size_t errlen)
 {
     r->bytes = (size_t)kv_align_up(bytes, im->gran);
     CU_TRY(g_cu.cuMemAlloc(&r->ptr, r->bytes), err, errlen);
@@ -349,8 +349,10 @@ static int cuda_open_device(cuda_impl_t *im, char *err, size_t errlen)
         char *end = NULL;
         long v = strtol(e, &end, 10);
         if (*end || v < 0 || v >= n) {
-            kvd_fmt(err, errlen, "backend cuda: KVD_CUDA_DEVICE=%s is not a device ordinal "
-                                 "below %d", e, n);
+            kvd_fmt(err, errlen,
+                    "backend cuda: KVD_CUDA_DEVICE=%s is not a device ordinal "
+                    "below %d",
+                    e, n);
             return KV_ERR_INVALID_ARGUMENT;
         }
         ord = (int)v;
@@ -367,19 +369,19 @@ static int cuda_open_device(cuda_impl_t *im, char *err, size_t errlen)
     im->legacy_ipc = legacy && strcmp(legacy, "1") == 0;
     int vmm = 0, fdok = 0, wv = 0;
     CU_TRY(g_cu.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                                im->dev),
+                                     im->dev),
            err, errlen);
-    CU_TRY(g_cu.cuDeviceGetAttribute(&fdok,
-                                CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-                                im->dev),
+    CU_TRY(g_cu.cuDeviceGetAttribute(
+               &fdok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, im->dev),
            err, errlen);
-    if (g_cu.cuDeviceGetAttribute(&wv, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, im->dev) !=
-        CUDA_SUCCESS)
+    if (g_cu.cuDeviceGetAttribute(&wv, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+                                  im->dev) != CUDA_SUCCESS)
         wv = 0;
     im->write_value64 = wv;
     if (!im->legacy_ipc && (!vmm || !fdok)) {
-        kvd_fmt(err, errlen, "backend cuda: device %d lacks %s; legacy cudaIpc export is "
-                             "available as an explicit opt-in (KVD_CUDA_LEGACY_IPC=1)",
+        kvd_fmt(err, errlen,
+                "backend cuda: device %d lacks %s; legacy cudaIpc export is "
+                "available as an explicit opt-in (KVD_CUDA_LEGACY_IPC=1)",
                 ord, !vmm ? "virtual memory management" : "POSIX fd shareable handles");
         return KV_ERR_DEVICE;
     }
@@ -390,8 +392,9 @@ static int cuda_open_device(cuda_impl_t *im, char *err, size_t errlen)
         prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         prop.location.id = (int)im->dev;
         prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        CU_TRY(g_cu.cuMemGetAllocationGranularity(&im->gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-               err, errlen);
+        CU_TRY(
+            g_cu.cuMemGetAllocationGranularity(&im->gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+            err, errlen);
     } else {
         im->gran = 2u << 20; /* same rounding as VMM on Hopper; legacy has no granularity */
     }
@@ -479,8 +482,10 @@ int kvd_backend_cuda_create(kvd_backend_t **out, const kv_geom_t *geom,
         return rc;
     }
     im->dpools = b->pools;
-    fprintf(stderr, "kvd: backend cuda: device %d, granularity %zu bytes, directory entries "
-                    "published with %s\n", (int)im->dev, im->gran,
+    fprintf(stderr,
+            "kvd: backend cuda: device %d, granularity %zu bytes, directory entries "
+            "published with %s\n",
+            (int)im->dev, im->gran,
             im->write_value64 ? "cuStreamWriteValue64" : "cuMemcpyHtoD (no 64-bit stream ops)");
     if (im->legacy_ipc)
         fprintf(stderr, "kvd: WARNING: backend cuda in legacy cudaIpcMemHandle mode "

@@ -168,11 +168,15 @@ static void attention(kvc_t *c, const uint32_t *pages, float *out)
     CK(cudaMemcpy(d_ids, pages, 4 * NPAGES, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_len, &len, 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_q, q, sizeof q, cudaMemcpyHostToDevice));
-    kv_attn_batch_t b = {.batch = 1, .q_heads = QH, .layer = ATTN_LAYER,
-                         .sm_scale = 1.0f / sqrtf((float)HD), .page_indptr = d_indptr,
-                         .page_ids = d_ids, .seq_len = d_len};
-    CK(kvk_cuda_attn_decode(kvc_geom(c), &pools, dir, kvc_dir_entries(c), &b, d_q, splits, d_ws,
-                            ws, d_out, 0));
+    kv_attn_batch_t b = {.batch = 1,
+                         .q_heads = QH,
+                         .layer = ATTN_LAYER,
+                         .sm_scale = 1.0f / sqrtf((float)HD),
+                         .page_indptr = d_indptr,
+                         .page_ids = d_ids,
+                         .seq_len = d_len};
+    CK(kvk_cuda_attn_decode(kvc_geom(c), &pools, dir, kvc_dir_entries(c), &b, d_q, splits, d_ws, ws,
+                            d_out, 0));
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(out, d_out, sizeof q, cudaMemcpyDeviceToHost));
     cudaFree(d_indptr);
@@ -227,8 +231,8 @@ static int child_a(int ready_fd, int go_fd)
         }
         CK(cudaMemcpy(dk, k, sizeof k, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dv, v, sizeof v, cudaMemcpyHostToDevice));
-        CK(kvk_cuda_fp8_append(kvc_geom(c), &pools, dir, kvc_dir_entries(c), l, NTOK, dsp, dsi,
-                               dk, dv, KVK_DTYPE_F16, 0));
+        CK(kvk_cuda_fp8_append(kvc_geom(c), &pools, dir, kvc_dir_entries(c), l, NTOK, dsp, dsi, dk,
+                               dv, KVK_DTYPE_F16, 0));
     }
     CK(cudaDeviceSynchronize());
     uint32_t tok[NTOK];
@@ -318,9 +322,9 @@ int main(int argc, char **argv)
             dup2(fd, 2);
             close(fd);
         }
-        execl(kvd, kvd, "--endpoint", g_ep, "--backend", "cuda", "--layers", "2", "--kv_heads",
-              "4", "--head_dim", "128", "--page_tokens", "16", "--pages_fp8", "64",
-              "--pages_tq3", "32", "--epoch_ms", "5", (char *)NULL);
+        execl(kvd, kvd, "--endpoint", g_ep, "--backend", "cuda", "--layers", "2", "--kv_heads", "4",
+              "--head_dim", "128", "--page_tokens", "16", "--pages_fp8", "64", "--pages_tq3", "32",
+              "--epoch_ms", "5", (char *)NULL);
         fprintf(stderr, "exec %s: %s\n", kvd, strerror(errno));
         _exit(127);
     }

@@ -69,8 +69,8 @@ static kv_dir_entry_t dev_entry(kvd_backend_t *b, uint32_t lid)
 
 int main(void)
 {
-    const kv_geom_t g = {.layers = 3, .kv_heads = 2, .head_dim = 128, .page_tokens = 13,
-                         .seed = 0x5eed};
+    const kv_geom_t g = {
+        .layers = 3, .kv_heads = 2, .head_dim = 128, .page_tokens = 13, .seed = 0x5eed};
     kvd_core_opts_t o;
     kvd_core_opts_default(&o, &g, 7, 5);
     o.backend = "cuda";
@@ -80,8 +80,8 @@ int main(void)
     setenv("KVD_CUDA_DEVICE", "999", 1);
     kvd_core_t *bad = NULL;
     int rc = kvd_core_init(&bad, &o, err, sizeof err);
-    check(rc != KV_ERR_OK && bad == NULL && strstr(err, "KVD_CUDA_DEVICE"), "device",
-          "rc %d, '%s'", rc, err);
+    check(rc != KV_ERR_OK && bad == NULL && strstr(err, "KVD_CUDA_DEVICE"), "device", "rc %d, '%s'",
+          rc, err);
     unsetenv("KVD_CUDA_DEVICE");
 
     kvd_core_t *c = NULL;
@@ -164,12 +164,13 @@ int main(void)
 
     /* append: KV for all 13 slots of each page, every layer, through the device directory */
     const uint32_t ntok = 3 * g.page_tokens, row = g.kv_heads * g.head_dim;
-    uint16_t *hk = malloc(sizeof(uint16_t) * ntok * row), *hv = malloc(sizeof(uint16_t) * ntok * row);
+    uint16_t *hk = malloc(sizeof(uint16_t) * ntok * row),
+             *hv = malloc(sizeof(uint16_t) * ntok * row);
     uint32_t *sp = malloc(4 * ntok), *si = malloc(4 * ntok);
     for (uint32_t i = 0; i < ntok * row; i++) { /* uniform in [-2, 2) and [-3, 3) */
         hk[i] = kv_half_from_float((float)(kv_splitmix64(i) >> 40) / (1u << 24) * 4.0f - 2.0f);
-        hv[i] = kv_half_from_float((float)(kv_splitmix64(~(uint64_t)i) >> 40) / (1u << 24) *
-                                       6.0f - 3.0f);
+        hv[i] = kv_half_from_float((float)(kv_splitmix64(~(uint64_t)i) >> 40) / (1u << 24) * 6.0f -
+                                   3.0f);
     }
     for (uint32_t t = 0; t < ntok; t++) {
         sp[t] = ids[t / g.page_tokens];
@@ -198,10 +199,14 @@ int main(void)
     uint32_t p0 = kv_dir_phys(b->dir[ids[0]]);
     CK(cudaMemcpy(page, b->pools.base[KV_FMT_FP8] + p0 * pb8, pb8, cudaMemcpyDeviceToHost));
     float sc;
-    memcpy(&sc, page + kv_block_offset(&g, KV_FMT_FP8, 2, KV_KIND_V, 1) +
-                    kv_block_meta_offset(&g, KV_FMT_FP8) + 4 * 12, 4);
-    check(sc > 0.0f && sc != 1.0f && isfinite(sc), "append", "scale of layer 2 V head 1 slot 12 "
-          "= %g", sc);
+    memcpy(&sc,
+           page + kv_block_offset(&g, KV_FMT_FP8, 2, KV_KIND_V, 1) +
+               kv_block_meta_offset(&g, KV_FMT_FP8) + 4 * 12,
+           4);
+    check(sc > 0.0f && sc != 1.0f && isfinite(sc), "append",
+          "scale of layer 2 V head 1 slot 12 "
+          "= %g",
+          sc);
 
     /* retier: through the core, then the same kernel directly into a scratch TQ3 page */
     kv_dir_entry_t before = dev_entry(b, ids[0]);
