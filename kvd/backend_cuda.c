@@ -7,7 +7,7 @@
  *
  * Each region is one cuMemCreate allocation (pinned to the device, requested shareable as
  * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), mapped into the daemon with cuMemAddressReserve /
- * cuMemMap / g_cu.cuMemSetAccess(READWRITE), zeroed, and exported once with
+ * cuMemMap / cuMemSetAccess(READWRITE), zeroed, and exported once with
  * cuMemExportToShareableHandle. The fd goes to admitted clients over the same SCM_RIGHTS socket
  * as the host backend's memfds (server.c); the client imports it with
  * cuMemImportFromShareableHandle (client/kvc_cuda.c). Why fds rather than cudaIpcMemHandle_t:
@@ -15,7 +15,7 @@
  * ZAP handler admitted, pid checked with SO_PEERCRED); a legacy IPC handle is 64 bytes that any
  * local process with the same GPU visible can open — a bearer secret (DESIGN.md).
  *
- * Granularity: g_cu.cuMemGetAllocationGranularity(MINIMUM) — 2 MiB on the H200 — so a small test
+ * Granularity: cuMemGetAllocationGranularity(MINIMUM) — 2 MiB on the H200 — so a small test
  * pool still costs 2 MiB per region; pool_bytes in the export is the rounded size (backend.h
  * allows ≥ pages × page_bytes).
  *
