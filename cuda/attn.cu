@@ -553,6 +553,567 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
     }
 }
 
+/* ---- v2: pipelined single-launch kernel, page_tokens % 16 == 0 ---------------------------
+ *
+ * v1 (attn_partial_kernel above, still used when page_tokens is not a multiple of 16) was
+ * latency-bound: each warp loaded a tile, then computed, with nothing in flight meanwhile, a
+ * second launch for the other format, and 4096-entry tables whose 8-byte random reads had
+ * ~3x bank conflicts. v2 keeps the fragment layouts and the partition contract and changes:
+ *   - a tile is 16 tokens of ONE page (page_tokens % 16 == 0), so its K codes, K metadata, V
+ *     codes and V metadata are 4-5 contiguous 16-byte-aligned runs. Each warp streams its own
+ *     tiles through a ring of NS shared-memory stages with cp.async (16 B per lane per copy),
+ *     NS-1 tiles in flight while it computes one: ~10 KB per warp in flight.
+ *   - each warp finds its pages itself (32 directory entries per ballot), no block barrier in
+ *     the main loop; a block handles both formats in one launch, one phase per format, and
+ *     skips a phase whose format has no page in its split (pre-scan of the directory).
+ *   - TQ3 K: a 64-entry table (2 coordinates × 3 planes → FP16 centroid pair) replicated per
+ *     lane (word e·32 + lane: every lane hits its own bank, no conflicts, 8 KB).
+ *   - TQ3 V: no table; the codes of two tokens at one coordinate become an f16x2 by bit ops:
+ *     0x6400 | code is the FP16 1024 + code, minus 1024 (exact).
+ *   - 4 warps per block (2-3 blocks per SM), splits chosen to fill the device once.
+ */
+constexpr int kFWarps = 4;
+constexpr int kFThreads = kFWarps * 32;
+constexpr int kLutKWords = 64 * 32;
+
+template <int D> struct FastCfg {
+    static constexpr uint32_t kStage8 = 32u * D + 128u; /* K codes, K scales, V codes, V scales */
+    static constexpr uint32_t kStageT = 12u * D + 96u;  /* K planes, γ, V planes, scale, zero */
+    static constexpr int kNs8 = D == 256 ? 2 : 3;
+    static constexpr int kNsT = D == 256 ? 5 : 7;
+    static constexpr uint32_t kWarpBuf =
+        kNs8 * kStage8 > kNsT * kStageT ? kNs8 * kStage8 : kNsT * kStageT;
+    static constexpr size_t kSmem = (size_t)kFWarps * kWarpBuf;
+    static_assert(kSmem >= (size_t)kFWarps * kMaxGroup * D * sizeof(float), "merge overlay");
+    static_assert(kStage8 % 16 == 0 && kStageT % 16 == 0, "stage alignment");
+};
+
+__device__ __forceinline__ void cp16(void *dst, const void *src)
+{
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_seg(uint8_t *dst, const uint8_t *src, uint32_t bytes,
+                                       uint32_t lane)
+{
+    for (uint32_t c = lane * 16u; c < bytes; c += 512u)
+        cp16(dst + c, src + c);
+}
+
+/* two tokens' codes at coordinate x of T0..T2 (token A in bits 0-15, B in 16-31) → f16x2 */
+__device__ __forceinline__ uint32_t tq3_vpair(uint32_t T0, uint32_t T1, uint32_t T2, int x)
+{
+    const uint32_t r = ((T0 >> x) & 0x10001u) | (((T1 >> x) & 0x10001u) << 1) |
+                       (((T2 >> x) & 0x10001u) << 2) | 0x64006400u;
+    const __half2 h = __hsub2(*reinterpret_cast<const __half2 *>(&r), __half2half2(__ushort_as_half(0x6400)));
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+struct FastBlock {
+    uint32_t kvh, split, s, h0, gh, pt, ip0, len, p0, p1;
+};
+
+template <int D> struct FastSmem {
+    float (*q)[D];
+    float (*m)[kMaxGroup];
+    float (*l)[kMaxGroup];
+    float (*z)[kMaxGroup];
+    uint32_t (*tn)[8];
+    uint32_t *lutk;
+    uint8_t *buf;
+};
+
+template <int D, int FMT>
+__device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &bk,
+                                           const FastSmem<D> &sm)
+{
+    using C = FastCfg<D>;
+    constexpr int KS = D / 16;
+    constexpr int NC = D / 32;
+    constexpr int R = D / 16 < 8 ? D / 16 : 8;
+    constexpr int NS = FMT == KV_FMT_FP8 ? C::kNs8 : C::kNsT;
+    constexpr uint32_t STAGE = FMT == KV_FMT_FP8 ? C::kStage8 : C::kStageT;
+    const uint32_t tid = threadIdx.x, warp = tid >> 5, lane = tid & 31u;
+    const uint32_t g8 = lane >> 2, t4 = lane & 3u;
+    const kv_geom_t &geo = a.g;
+    const uint32_t pt = bk.pt;
+
+    __syncthreads(); /* s_q and the rings may still be read by the previous phase */
+    for (uint32_t i = tid; i < kMaxGroup * D; i += kFThreads) {
+        const uint32_t h = i / D, x = i % D;
+        float v = 0.0f;
+        if (h < bk.gh) {
+            v = a.q[((uint64_t)bk.s * a.q_heads + bk.h0 + h) * D + x];
+            if (FMT == KV_FMT_TQ3)
+                v *= kv_rot_sign(geo.seed, x);
+        }
+        sm.q[h][x] = v;
+    }
+    if (FMT == KV_FMT_TQ3) {
+        for (uint32_t i = tid; i < (uint32_t)kLutKWords; i += kFThreads) {
+            const uint32_t e = i >> 5;
+            const uint32_t clo = (e & 1u) | ((e >> 1) & 2u) | ((e >> 2) & 4u);
+            const uint32_t chi = ((e >> 1) & 1u) | ((e >> 2) & 2u) | ((e >> 3) & 4u);
+            sm.lutk[i] = pack_half2(c_centroid[clo], c_centroid[chi]);
+        }
+    }
+    __syncthreads();
+    float qf = a.sm_scale * kLog2e;
+    if (FMT == KV_FMT_TQ3) {
+        for (uint32_t hs = 1; hs < (uint32_t)D; hs <<= 1) {
+            for (uint32_t i = tid; i < kMaxGroup * D / 2; i += kFThreads) {
+                const uint32_t h = i / (D / 2), j = i % (D / 2);
+                const uint32_t lo = (j / hs) * 2 * hs + j % hs;
+                const float x = sm.q[h][lo], y = sm.q[h][lo + hs];
+                sm.q[h][lo] = x + y;
+                sm.q[h][lo + hs] = x - y;
+            }
+            __syncthreads();
+        }
+        qf *= 1.0f / (float)D;
+    }
+    uint32_t qa[KS][2];
+#pragma unroll
+    for (int st = 0; st < KS; st++) {
+        const uint32_t c = 4u * ((st / R) * 4 * R + t4 * R + st % R);
+        qa[st][0] = pack_half2(sm.q[g8][c] * qf, sm.q[g8][c + 1] * qf);
+        qa[st][1] = pack_half2(sm.q[g8][c + 2] * qf, sm.q[g8][c + 3] * qf);
+    }
+
+    const uint64_t page_bytes = kv_page_bytes(&geo, (kv_fmt_t)FMT);
+    const uint64_t koff = kv_block_offset(&geo, (kv_fmt_t)FMT, a.layer, KV_KIND_K, bk.kvh);
+    const uint64_t voff = kv_block_offset(&geo, (kv_fmt_t)FMT, a.layer, KV_KIND_V, bk.kvh);
+    const uint64_t moff = kv_block_meta_offset(&geo, (kv_fmt_t)FMT);
+    const uint8_t *pool = a.pools.base[FMT];
+    uint8_t *ring = sm.buf + (size_t)warp * C::kWarpBuf;
+
+    /* ---- this warp's tiles: pages p0 + warp + kFWarps·k of format FMT, 16 tokens each ---- */
+    uint64_t it_base = (uint64_t)bk.p0 + warp;
+    uint32_t it_mask = 0, it_phys = 0, it_ntok = 0;
+    uint32_t cur_phys = 0, cur_ntok = 0, cur_tok = 0;
+    auto next = [&](uint32_t &phys, uint32_t &tok0, uint32_t &n) {
+        for (;;) {
+            if (cur_tok < cur_ntok) {
+                phys = cur_phys;
+                tok0 = cur_tok;
+                n = min(16u, cur_ntok - cur_tok);
+                cur_tok += 16u;
+                return;
+            }
+            if (it_mask) {
+                const int l = __ffs(it_mask) - 1;
+                it_mask &= it_mask - 1u;
+                cur_phys = __shfl_sync(0xffffffffu, it_phys, l);
+                cur_ntok = __shfl_sync(0xffffffffu, it_ntok, l);
+                cur_tok = 0;
+                continue;
+            }
+            if (it_base >= bk.p1) {
+                phys = tok0 = n = 0;
+                return;
+            }
+            const uint64_t p = it_base + (uint64_t)kFWarps * lane;
+            bool keep = false;
+            it_phys = it_ntok = 0;
+            if (p < bk.p1) {
+                const uint32_t id = a.page_ids[bk.ip0 + p];
+                if (id < a.dir_len) {
+                    const kv_dir_entry_t e = a.dir[id];
+                    it_phys = kv_dir_phys(e);
+                    keep = (kv_dir_flags(e) & KV_DIR_VALID) && kv_dir_fmt(e) == (kv_fmt_t)FMT &&
+                           it_phys < a.pools.pages[FMT];
+                    it_ntok = (uint32_t)min((uint64_t)pt, (uint64_t)bk.len - p * pt);
+                }
+            }
+            it_mask = __ballot_sync(0xffffffffu, keep);
+            it_base += (uint64_t)kFWarps * 32u;
+        }
+    };
+    auto issue = [&](uint32_t stage) {
+        uint32_t phys, tok0, n;
+        next(phys, tok0, n);
+        uint8_t *st = ring + stage * STAGE;
+        if (lane == 0)
+            sm.tn[warp][stage] = n;
+        if (n) {
+            const uint8_t *pg = pool + (uint64_t)phys * page_bytes;
+            if (FMT == KV_FMT_FP8) {
+                cp_seg(st, pg + koff + (uint64_t)tok0 * D, 16u * D, lane);
+                cp_seg(st + 16 * D, pg + koff + moff + 4ull * tok0, 64u, lane);
+                cp_seg(st + 16 * D + 64, pg + voff + (uint64_t)tok0 * D, 16u * D, lane);
+                cp_seg(st + 32 * D + 64, pg + voff + moff + 4ull * tok0, 64u, lane);
+            } else {
+                const uint64_t cb = (uint64_t)tok0 * (D / 32) * 12u;
+                cp_seg(st, pg + koff + cb, 6u * D, lane);
+                cp_seg(st + 6 * D, pg + koff + moff + 2ull * tok0, 32u, lane);
+                cp_seg(st + 6 * D + 32, pg + voff + cb, 6u * D, lane);
+                cp_seg(st + 12 * D + 32, pg + voff + moff + 2ull * tok0, 32u, lane);
+                cp_seg(st + 12 * D + 64, pg + voff + moff + 2ull * pt + 2ull * tok0, 32u, lane);
+            }
+        }
+        cp_commit();
+    };
+
+    float o[KS][4];
+#pragma unroll
+    for (int i = 0; i < KS; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m_run = -INFINITY, l_part = 0.0f, z_part = 0.0f, F = 0.0f;
+
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++)
+        issue((uint32_t)i);
+    uint32_t head = 0;
+    for (;;) {
+        issue(head == 0 ? NS - 1 : head - 1);
+        cp_wait<NS - 1>();
+        __syncwarp();
+        const uint32_t n = sm.tn[warp][head];
+        if (n == 0)
+            break;
+        const uint8_t *st = ring + head * STAGE;
+        const uint32_t tk[2] = {g8, g8 + 8};
+        const uint32_t tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
+
+        float kfac[4], vsc[4], vz[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            kfac[j] = vsc[j] = vz[j] = 0.0f;
+            if (tv[j] < n) {
+                if (FMT == KV_FMT_FP8) {
+                    kfac[j] = reinterpret_cast<const float *>(st + 16 * D)[tv[j]];
+                    vsc[j] = reinterpret_cast<const float *>(st + 32 * D + 64)[tv[j]];
+                } else {
+                    kfac[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 6 * D)[tv[j]]);
+                    vsc[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 32)[tv[j]]);
+                    vz[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 64)[tv[j]]);
+                }
+            }
+        }
+
+        /* ---- S = Q Kᵀ (tokens ≥ n hold stale or out-of-sequence bytes: masked below) ---- */
+        float sc[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+            uint32_t kb[KS][2];
+            if (FMT == KV_FMT_FP8) {
+                uint32_t kw[KS];
+                const uint8_t *row = st + tk[nt] * D;
+                if (D == 64) {
+                    const uint4 v = *reinterpret_cast<const uint4 *>(row + 16 * t4);
+                    kw[0] = v.x, kw[1] = v.y, kw[2] = v.z, kw[3] = v.w;
+                } else {
+#pragma unroll
+                    for (int hh = 0; hh < D / 128; hh++) {
+                        const uint4 *r4 = reinterpret_cast<const uint4 *>(row + 128 * hh + 32 * t4);
+                        const uint4 v0 = r4[0], v1 = r4[1];
+                        kw[8 * hh + 0] = v0.x, kw[8 * hh + 1] = v0.y;
+                        kw[8 * hh + 2] = v0.z, kw[8 * hh + 3] = v0.w;
+                        kw[8 * hh + 4] = v1.x, kw[8 * hh + 5] = v1.y;
+                        kw[8 * hh + 6] = v1.z, kw[8 * hh + 7] = v1.w;
+                    }
+                }
+#pragma unroll
+                for (int s2 = 0; s2 < KS; s2++) {
+                    kb[s2][0] = fp8x2_to_h2(kw[s2] & 0xffffu);
+                    kb[s2][1] = fp8x2_to_h2(kw[s2] >> 16);
+                }
+            } else {
+                constexpr int NG = D == 64 ? 1 : D / 128;
+                uint32_t w[NG][3];
+#pragma unroll
+                for (int gi = 0; gi < NG; gi++) {
+                    const uint32_t grp = D == 64 ? (t4 >> 1) : t4 + 4 * gi;
+                    const uint32_t *wp =
+                        reinterpret_cast<const uint32_t *>(st) + (tk[nt] * (D / 32) + grp) * 3;
+                    w[gi][0] = wp[0], w[gi][1] = wp[1], w[gi][2] = wp[2];
+                }
+#pragma unroll
+                for (int s2 = 0; s2 < KS; s2++) {
+                    const int gi = D == 64 ? 0 : s2 / 8;
+                    const uint32_t sh = D == 64 ? 16u * (t4 & 1u) + 4u * s2 : 4u * (s2 % 8);
+#pragma unroll
+                    for (int hb = 0; hb < 2; hb++) {
+                        const uint32_t x = sh + 2u * hb;
+                        const uint32_t idx = ((w[gi][0] >> x) & 3u) | (((w[gi][1] >> x) & 3u) << 2) |
+                                             (((w[gi][2] >> x) & 3u) << 4);
+                        kb[s2][hb] = sm.lutk[(idx << 5) | lane];
+                    }
+                }
+            }
+#pragma unroll
+            for (int s2 = 0; s2 < KS; s2++)
+                mma16816(sc[nt], qa[s2][0], 0u, qa[s2][1], 0u, kb[s2][0], kb[s2][1]);
+        }
+
+        /* ---- online softmax (head g8; this lane holds tokens 2t, 2t+1, 2t+8, 2t+9) ---- */
+        float sv[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
+        float tmax = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            sv[j] = tv[j] < n ? sv[j] * kfac[j] : -INFINITY;
+            tmax = fmaxf(tmax, sv[j]);
+        }
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        const float m_new = fmaxf(m_run, tmax);
+        float alpha = 1.0f, pr[4];
+        if (m_new == -INFINITY) {
+            pr[0] = pr[1] = pr[2] = pr[3] = 0.0f;
+        } else {
+            alpha = exp2f(m_run - m_new);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                pr[j] = exp2f(sv[j] - m_new);
+        }
+        m_run = m_new;
+        l_part = l_part * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
+        if (FMT == KV_FMT_TQ3)
+            z_part = z_part * alpha + (pr[0] * vz[0] + pr[1] * vz[1] + pr[2] * vz[2] + pr[3] * vz[3]);
+        if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+            const float aA = __shfl_sync(0xffffffffu, alpha, 8 * t4);
+            const float aB = __shfl_sync(0xffffffffu, alpha, 8 * t4 + 4);
+#pragma unroll
+            for (int i = 0; i < KS; i++) {
+                o[i][0] *= aA, o[i][1] *= aB, o[i][2] *= aA, o[i][3] *= aB;
+            }
+        }
+        if (F == 0.0f) {
+            float mx = fmaxf(fmaxf(vsc[0], vsc[1]), fmaxf(vsc[2], vsc[3]));
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            F = mx > 0.0f && mx <= FLT_MAX ? exp2f(-ceilf(log2f(mx))) : 1.0f;
+        }
+        const uint32_t pb0 = pack_half2(pr[0] * vsc[0] * F, pr[1] * vsc[1] * F);
+        const uint32_t pb1 = pack_half2(pr[2] * vsc[2] * F, pr[3] * vsc[3] * F);
+
+        /* ---- Oᵀ += Vᵀ Pᵀ ---- */
+        uint32_t va[KS][4];
+        if (FMT == KV_FMT_FP8) {
+            uint32_t vw[4][NC];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if (tv[j] < n) { /* out-of-sequence FP8 bytes may be NaN codes: never use them */
+                    const uint8_t *row = st + 16 * D + 64 + tv[j] * D + g8 * (D / 8);
+                    if (D == 64) {
+                        const uint2 v = *reinterpret_cast<const uint2 *>(row);
+                        vw[j][0] = v.x, vw[j][1] = v.y;
+                    } else {
+#pragma unroll
+                        for (int c4 = 0; c4 < NC / 4; c4++) {
+                            const uint4 v = reinterpret_cast<const uint4 *>(row)[c4];
+                            vw[j][4 * c4 + 0] = v.x, vw[j][4 * c4 + 1] = v.y;
+                            vw[j][4 * c4 + 2] = v.z, vw[j][4 * c4 + 3] = v.w;
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int c = 0; c < NC; c++)
+                        vw[j][c] = 0u;
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+#pragma unroll
+                for (int hp = 0; hp < 2; hp++) {
+                    const uint32_t x0 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x5140);
+                    const uint32_t x1 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x7362);
+                    va[2 * c][2 * hp + 0] = fp8x2_to_h2(x0 & 0xffffu);
+                    va[2 * c][2 * hp + 1] = fp8x2_to_h2(x0 >> 16);
+                    va[2 * c + 1][2 * hp + 0] = fp8x2_to_h2(x1 & 0xffffu);
+                    va[2 * c + 1][2 * hp + 1] = fp8x2_to_h2(x1 >> 16);
+                }
+            }
+        } else {
+            /* lane's coordinates: g8·D/8 … +D/8 − 1, i.e. bits cst … of group grp */
+            const uint32_t grp = (g8 * (D / 8)) / 32;
+            const uint32_t cst = (g8 * (D / 8)) % 32;
+            constexpr int NH = D == 256 ? 2 : 1; /* 16-bit halves of the group per lane */
+#pragma unroll
+            for (int hp = 0; hp < 2; hp++) {
+                const uint32_t *wa = reinterpret_cast<const uint32_t *>(st + 6 * D + 32) +
+                                     (tv[2 * hp] * (D / 32) + grp) * 3;
+                const uint32_t *wb = reinterpret_cast<const uint32_t *>(st + 6 * D + 32) +
+                                     (tv[2 * hp + 1] * (D / 32) + grp) * 3;
+                const uint32_t a0 = wa[0], a1 = wa[1], a2 = wa[2];
+                const uint32_t b0 = wb[0], b1 = wb[1], b2 = wb[2];
+#pragma unroll
+                for (int hh = 0; hh < NH; hh++) {
+                    const uint32_t sel = (D == 256 ? hh : (cst >> 4)) ? 0x7632u : 0x5410u;
+                    uint32_t T0 = prmt(a0, b0, sel), T1 = prmt(a1, b1, sel),
+                             T2 = prmt(a2, b2, sel);
+                    if (D == 64) {
+                        T0 >>= (cst & 15u), T1 >>= (cst & 15u), T2 >>= (cst & 15u);
+                    }
+#pragma unroll
+                    for (int c = 0; c < NC / NH; c++) {
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int i = 2 * (c + hh * (NC / NH)) + e;
+                            const int x = 4 * c + 2 * e;
+                            va[i][2 * hp + 0] = tq3_vpair(T0, T1, T2, x);
+                            va[i][2 * hp + 1] = tq3_vpair(T0, T1, T2, x + 1);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < KS; i++)
+            mma16816(o[i], va[i][0], va[i][1], va[i][2], va[i][3], pb0, pb1);
+        __syncwarp(); /* the stage is refilled by the next iteration's issue */
+        head = head + 1 == (uint32_t)NS ? 0u : head + 1;
+    }
+    cp_wait<0>();
+
+    /* ---- merge the warps (as v1) ---- */
+    l_part += __shfl_xor_sync(0xffffffffu, l_part, 1);
+    l_part += __shfl_xor_sync(0xffffffffu, l_part, 2);
+    z_part += __shfl_xor_sync(0xffffffffu, z_part, 1);
+    z_part += __shfl_xor_sync(0xffffffffu, z_part, 2);
+    __syncthreads(); /* every warp is done with the rings that s_o overlays */
+    float *s_o = reinterpret_cast<float *>(sm.buf); /* [kFWarps][kMaxGroup][D] */
+    if (t4 == 0) {
+        sm.m[warp][g8] = m_run;
+        sm.l[warp][g8] = l_part;
+        sm.z[warp][g8] = z_part;
+    }
+    const float invF = F > 0.0f ? 1.0f / F : 0.0f;
+#pragma unroll
+    for (int i = 0; i < KS; i++) {
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const uint32_t x = 4u * (g8 * (D / 32) + i / 2) + 2u * (i % 2) + hr;
+            float *base = s_o + ((size_t)warp * kMaxGroup) * D;
+            base[(2 * t4) * D + x] = o[i][2 * hr] * invF;
+            base[(2 * t4 + 1) * D + x] = o[i][2 * hr + 1] * invF;
+        }
+    }
+    __syncthreads();
+    const size_t part = ((size_t)bk.s * a.num_splits + bk.split) * KV_FMT_COUNT + (size_t)FMT;
+    for (uint32_t i = tid; i < kMaxGroup * D; i += kFThreads) {
+        const uint32_t h = i / D, x = i % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kFWarps; w++)
+            M = sm.l[w][h] > 0.0f ? fmaxf(M, sm.m[w][h]) : M;
+        float L = 0.0f, acc = 0.0f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < kFWarps; w++) {
+                if (sm.l[w][h] > 0.0f) {
+                    const float f = exp2f(sm.m[w][h] - M);
+                    L += f * sm.l[w][h];
+                    acc += f * (s_o[((size_t)w * kMaxGroup + h) * D + x] + sm.z[w][h]);
+                }
+            }
+        }
+        sm.q[h][x] = L > 0.0f ? acc / L : 0.0f;
+        if (x == 0 && h < bk.gh) {
+            a.part_m[part * a.q_heads + bk.h0 + h] = L > 0.0f ? M * kLn2 : -INFINITY;
+            a.part_l[part * a.q_heads + bk.h0 + h] = L;
+        }
+    }
+    __syncthreads();
+    if (FMT == KV_FMT_TQ3) {
+        for (uint32_t hs = 1; hs < (uint32_t)D; hs <<= 1) {
+            for (uint32_t i = tid; i < kMaxGroup * D / 2; i += kFThreads) {
+                const uint32_t h = i / (D / 2), j = i % (D / 2);
+                const uint32_t lo = (j / hs) * 2 * hs + j % hs;
+                const float x = sm.q[h][lo], y = sm.q[h][lo + hs];
+                sm.q[h][lo] = x + y;
+                sm.q[h][lo + hs] = x - y;
+            }
+            __syncthreads();
+        }
+    }
+    const float post = FMT == KV_FMT_TQ3 ? (float)(1.0 / sqrt((double)D)) : 1.0f;
+    for (uint32_t i = tid; i < bk.gh * D; i += kFThreads) {
+        const uint32_t h = i / D, x = i % D;
+        float v = sm.q[h][x];
+        if (FMT == KV_FMT_TQ3)
+            v = v * post * kv_rot_sign(geo.seed, x);
+        a.part_o[(part * a.q_heads + bk.h0 + h) * D + x] = v;
+    }
+}
+
+/* the empty partition of kvkern.h: (−inf, 0, Ō = 0) */
+template <int D>
+__device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &bk, int fmt)
+{
+    const size_t part = ((size_t)bk.s * a.num_splits + bk.split) * KV_FMT_COUNT + (size_t)fmt;
+    for (uint32_t i = threadIdx.x; i < bk.gh * D; i += kFThreads) {
+        const uint32_t h = i / D, x = i % D;
+        if (x == 0) {
+            a.part_m[part * a.q_heads + bk.h0 + h] = -INFINITY;
+            a.part_l[part * a.q_heads + bk.h0 + h] = 0.0f;
+        }
+        a.part_o[(part * a.q_heads + bk.h0 + h) * D + x] = 0.0f;
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kFThreads, D == 256 ? 2 : 3) attn_fast_kernel(AttnArgs a)
+{
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ float s_q[kMaxGroup][D];
+    __shared__ float s_m[kFWarps][kMaxGroup], s_l[kFWarps][kMaxGroup], s_z[kFWarps][kMaxGroup];
+    __shared__ uint32_t s_tn[kFWarps][8];
+    __shared__ uint32_t s_lutk[kLutKWords];
+
+    FastBlock bk;
+    bk.kvh = blockIdx.x / a.head_groups;
+    const uint32_t hg = blockIdx.x % a.head_groups;
+    bk.split = blockIdx.y;
+    bk.s = blockIdx.z;
+    bk.h0 = bk.kvh * a.group + hg * kMaxGroup;
+    bk.gh = min(kMaxGroup, a.group - hg * kMaxGroup);
+    bk.pt = a.g.page_tokens;
+    bk.ip0 = a.indptr[bk.s];
+    const uint32_t np = a.indptr[bk.s + 1] - bk.ip0;
+    const uint64_t cap = (uint64_t)np * bk.pt;
+    bk.len = (uint32_t)min((uint64_t)a.seq_len[bk.s], cap);
+    const uint32_t chunk = (np + a.num_splits - 1) / a.num_splits;
+    const uint32_t live_pages = (uint32_t)(((uint64_t)bk.len + bk.pt - 1) / bk.pt);
+    bk.p0 = (uint32_t)min((uint64_t)bk.split * chunk, (uint64_t)live_pages);
+    bk.p1 = (uint32_t)min((uint64_t)bk.p0 + chunk, (uint64_t)live_pages);
+
+    /* which formats does this split hold at all? */
+    bool has8 = false, hast = false;
+    for (uint32_t p = bk.p0 + threadIdx.x; p < bk.p1; p += kFThreads) {
+        const uint32_t id = a.page_ids[bk.ip0 + p];
+        if (id < a.dir_len) {
+            const kv_dir_entry_t e = a.dir[id];
+            const int f = (int)kv_dir_fmt(e);
+            if ((kv_dir_flags(e) & KV_DIR_VALID) && f < KV_FMT_COUNT &&
+                kv_dir_phys(e) < a.pools.pages[f])
+                (f == KV_FMT_FP8 ? has8 : hast) = true;
+        }
+    }
+    const bool h8 = __syncthreads_or(has8) != 0;
+    const bool ht = __syncthreads_or(hast) != 0;
+
+    FastSmem<D> sm = {s_q, s_m, s_l, s_z, s_tn, s_lutk, smem};
+    if (h8)
+        fast_phase<D, KV_FMT_FP8>(a, bk, sm);
+    else
+        fast_empty<D>(a, bk, KV_FMT_FP8);
+    if (ht)
+        fast_phase<D, KV_FMT_TQ3>(a, bk, sm);
+    else
+        fast_empty<D>(a, bk, KV_FMT_TQ3);
+}
+
 /* One block per (query head, sequence), one thread per coordinate. (m, l) of the partitions
  * are staged in shared memory in chunks so that the Ō loads of different partitions are
  * independent and stay in flight together (a first version that walked the partitions with
@@ -619,13 +1180,21 @@ template <int D, int FMT> cudaError_t set_attr()
                                 (int)partial_smem<D, FMT>());
 }
 
+template <int D> cudaError_t set_fast_attr()
+{
+    return cudaFuncSetAttribute(attn_fast_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)FastCfg<D>::kSmem);
+}
+
 cudaError_t init_once()
 {
     static const cudaError_t err = [] {
         cudaError_t e = cudaSuccess;
         const cudaError_t r[] = {set_attr<64, KV_FMT_FP8>(),  set_attr<64, KV_FMT_TQ3>(),
                                  set_attr<128, KV_FMT_FP8>(), set_attr<128, KV_FMT_TQ3>(),
-                                 set_attr<256, KV_FMT_FP8>(), set_attr<256, KV_FMT_TQ3>()};
+                                 set_attr<256, KV_FMT_FP8>(), set_attr<256, KV_FMT_TQ3>(),
+                                 set_fast_attr<64>(),         set_fast_attr<128>(),
+                                 set_fast_attr<256>()};
         for (cudaError_t x : r)
             e = e == cudaSuccess ? x : e;
         return e;
@@ -635,6 +1204,10 @@ cudaError_t init_once()
 
 template <int D> cudaError_t launch_partial(const AttnArgs &a, dim3 grid, cudaStream_t st)
 {
+    if (a.g.page_tokens % 16 == 0) {
+        attn_fast_kernel<D><<<grid, kFThreads, FastCfg<D>::kSmem, st>>>(a);
+        return cudaGetLastError();
+    }
     attn_partial_kernel<D, KV_FMT_FP8><<<grid, kThreads, partial_smem<D, KV_FMT_FP8>(), st>>>(a);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
@@ -751,9 +1324,11 @@ extern "C" uint32_t kvk_cuda_attn_suggest_splits(uint32_t batch, uint32_t kv_hea
     const uint64_t blocks = (uint64_t)batch * kv_heads * ((group + kMaxGroup - 1) / kMaxGroup);
     if (blocks == 0 || max_pages == 0)
         return 1;
-    /* two resident blocks per SM, two waves; at least 8 pages (one tile per warp) a split */
-    uint64_t want = ((uint64_t)sm_count * 4 + blocks - 1) / blocks;
-    const uint64_t by_pages = (max_pages + 7) / 8;
+    /* One wave: at least two v2 blocks fit per SM at every head_dim, so 2·sm_count blocks
+     * all run at once and each does the same work (a second, partial wave would idle most of
+     * the device at its end). At least 16 pages (4 per warp) a split. */
+    uint64_t want = (uint64_t)sm_count * 2 / blocks;
+    const uint64_t by_pages = max_pages / 16;
     want = want < by_pages ? want : by_pages;
     want = want < 1 ? 1 : want;
     return (uint32_t)(want > 65535 ? 65535 : want);

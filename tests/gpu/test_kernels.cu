@@ -4,7 +4,8 @@
  * compute-sanitizer (`test_kernels --small`). Prints one line per check and "N passed, M
  * failed"; exits non-zero on any failure or CUDA error.
  *
- * Per geometry (page_tokens 1, 5, 7, 16, 33; head_dim 64/128/256; GQA 1, 2, 4, 6, 8, 12):
+ * Per geometry (page_tokens 1, 5, 7, 16, 32, 33; head_dim 64/128/256; GQA 1, 2, 3, 4, 6, 8, 12;
+ *   three with 40-300 pages per sequence so that the v2 kernel's per-warp rings wrap):
  *   append   fp16 or bf16 rows into a poisoned FP8 pool, every slot of every page, random
  *            order; the whole pool must equal kv_fp8_append's, byte for byte;
  *   retier   half of the FP8 pages → TQ3 (batch); codes compared one by one (mismatches are
@@ -103,6 +104,7 @@ template <typename T> static void d2h(T *h, const T *d, size_t n)
 struct Geo {
     uint32_t layers, kv_heads, d, pt, group;
     bool bf16;
+    uint32_t many; /* 0: 5/1/8 pages per sequence; else many / 1 / many + 37 (v2 ring wrap) */
 };
 
 static double rel_l2(const float *a, const double *ref, size_t n)
@@ -277,7 +279,8 @@ static void run_geometry(const Geo &G, bool small)
 
     /* ---- attention: batch 3, mixed formats ---- */
     const uint32_t B = 3;
-    const uint32_t npg[3] = {small ? 2u : 5u, 1u, small ? 3u : 8u};
+    const uint32_t npg[3] = {G.many ? G.many : small ? 2u : 5u, 1u,
+                             G.many ? G.many + 37u : small ? 3u : 8u};
     uint32_t lens[3];
     lens[0] = npg[0] * G.pt - (G.pt > 1 ? G.pt / 2 : 0);
     lens[1] = G.pt > 2 ? G.pt - 2 : 1;
@@ -434,11 +437,15 @@ int main(int argc, char **argv)
     const bool small = argc > 1 && strcmp(argv[1], "--small") == 0;
     KCK(kvk_cuda_init());
     const Geo full[] = {
-        {2, 2, 64, 1, 1, false},   {1, 2, 128, 16, 4, true}, {2, 1, 256, 7, 6, false},
-        {1, 2, 128, 5, 8, false},  {1, 1, 64, 16, 8, true},  {1, 3, 256, 16, 2, false},
-        {1, 2, 128, 33, 12, true}, {3, 1, 128, 16, 1, false},
+        {2, 2, 64, 1, 1, false, 0},    {1, 2, 128, 16, 4, true, 0},  {2, 1, 256, 7, 6, false, 0},
+        {1, 2, 128, 5, 8, false, 0},   {1, 1, 64, 16, 8, true, 0},   {1, 3, 256, 16, 2, false, 0},
+        {1, 2, 128, 33, 12, true, 0},  {3, 1, 128, 16, 1, false, 0}, {1, 2, 128, 16, 4, false, 300},
+        {1, 1, 256, 32, 6, true, 40},  {2, 2, 64, 32, 3, false, 60},
     };
-    const Geo few[] = {{1, 2, 128, 5, 4, false}, {1, 1, 64, 16, 6, true}, {1, 1, 256, 3, 2, false}};
+    const Geo few[] = {{1, 2, 128, 5, 4, false, 0},
+                       {1, 1, 64, 16, 6, true, 0},
+                       {1, 1, 256, 3, 2, false, 0},
+                       {1, 1, 128, 16, 4, false, 50}};
     if (small)
         for (const Geo &G : few)
             run_geometry(G, true);
