@@ -682,7 +682,8 @@ kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extr
                 kvc_release(c, rep->lookup->pages + cap, k - cap);
             k = cap;
         }
-        memcpy(pages, rep->lookup->pages, k * sizeof *pages);
+        if (k)
+            memcpy(pages, rep->lookup->pages, k * sizeof *pages);
         *npages = k;
         if (tokens_matched)
             *tokens_matched = rep->lookup->tokens_matched;

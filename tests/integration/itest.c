@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -53,8 +54,14 @@ void itest_kvd_start(itest_kvd_t *k, const char *const *extra)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        /* If the test dies (a failed assertion aborts it), the daemon must not outlive it:
+         * an orphan would keep ctest's output pipe open and turn a failure into a timeout. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() == 1)
+            _exit(126);
         int fd = open(k->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fd >= 0) {
+            dup2(fd, 1);
             dup2(fd, 2);
             close(fd);
         }
