@@ -1,0 +1,166 @@
+/* it_config.c — the config table drives the file parser, flags, --help, --check-config and
+ * kvctl config get/set (issue 3). Every directive of the table appears in --help, in
+ * `kvctl config get` and in deploy/kvd.conf; --check-config names the line and key of each
+ * error; runtime-mutable keys change through kvctl, the others are refused. Also: SIGTERM makes
+ * the daemon exit 0 while a client session is attached, and lease expiry of a silent client is
+ * visible in kvctl sessions without freeing its pages. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "itest.h"
+
+static int run(const char *const *argv, char *out, size_t cap)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        close(p[0]);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(p[1]);
+    size_t len = 0;
+    ssize_t r;
+    while (len < cap - 1 && (r = read(p[0], out + len, cap - 1 - len)) > 0)
+        len += (size_t)r;
+    out[len] = '\0';
+    close(p[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static const char *const keys[] = {"endpoint", "backend", "namespace", "layers", "kv_heads",
+                                   "head_dim", "page_tokens", "seed", "pages_fp8", "pages_tq3",
+                                   "cache_quota", "admit_uids", "admit_gids", "lease_ms",
+                                   "epoch_ms", "max_msg_bytes", "max_alloc", "max_tokens",
+                                   "metrics_port", "metrics_addr", "log_level", NULL};
+
+static void test_help_and_check_config(void **state)
+{
+    (void)state;
+    static char out[65536];
+    const char *help[] = {KVD_BIN, "--help", NULL};
+    assert_int_equal(run(help, out, sizeof out), 0);
+    for (int i = 0; keys[i]; i++) {
+        char flag[64];
+        snprintf(flag, sizeof flag, "--%s", keys[i]);
+        if (!strstr(out, flag))
+            fail_msg("kvd --help does not list %s", flag);
+    }
+    /* the shipped example config is valid and documents every directive */
+    const char *ok[] = {KVD_BIN, "--check-config", KVD_SOURCE_DIR "/deploy/kvd.conf", NULL};
+    if (run(ok, out, sizeof out) != 0)
+        fail_msg("deploy/kvd.conf does not check: %s", out);
+    FILE *f = fopen(KVD_SOURCE_DIR "/deploy/kvd.conf", "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    for (int i = 0; keys[i]; i++) {
+        char line[64];
+        snprintf(line, sizeof line, "\n# %s ", keys[i]);
+        char line2[64];
+        snprintf(line2, sizeof line2, "\n%s ", keys[i]);
+        if (!strstr(out, line) && !strstr(out, line2))
+            fail_msg("deploy/kvd.conf does not document %s", keys[i]);
+    }
+    char path[] = "/tmp/kvd-conf-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *bad = "# comment\nlayers = 4\nhead_dim = 100\nnot_a_key = 1\nlease_ms = abc\n"
+                      "backend = gpu\nthis line has no equals\n";
+    assert_int_equal(write(fd, bad, strlen(bad)), (ssize_t)strlen(bad));
+    close(fd);
+    const char *chk[] = {KVD_BIN, "--check-config", path, NULL};
+    assert_int_equal(run(chk, out, sizeof out), 1);
+    assert_non_null(strstr(out, ":3: key 'head_dim'"));
+    assert_non_null(strstr(out, ":4: key 'not_a_key'"));
+    assert_non_null(strstr(out, ":5: key 'lease_ms'"));
+    assert_non_null(strstr(out, ":6: key 'backend'"));
+    assert_non_null(strstr(out, ":7: expected 'key = value'"));
+    assert_non_null(strstr(out, "5 errors"));
+    unlink(path);
+    const char *badflag[] = {KVD_BIN, "--layers", "0", NULL};
+    assert_int_equal(run(badflag, out, sizeof out), 1);
+    assert_non_null(strstr(out, "layers"));
+}
+
+static void test_kvctl_config_get_set(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    static char out[65536];
+    const char *get[] = {"--json", "config", "get", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, get), 0);
+    for (int i = 0; keys[i]; i++) {
+        char q[64];
+        snprintf(q, sizeof q, "\"key\":\"%s\"", keys[i]);
+        if (!strstr(out, q))
+            fail_msg("config get lacks %s", keys[i]);
+    }
+    const char *set[] = {"config", "set", "lease_ms", "250", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, set), 0);
+    const char *get1[] = {"config", "get", "lease_ms", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, get1), 0);
+    assert_non_null(strstr(out, "250"));
+    const char *imm[] = {"config", "set", "pages_fp8", "9", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, imm), 1);
+    const char *oob[] = {"config", "set", "lease_ms", "5", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, oob), 1);
+    const char *unk[] = {"config", "set", "nope", "5", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, unk), 1);
+
+    /* a silent client: lease expires (reported), its pages stay */
+    kvc_t *c = itest_connect(&k, "silent");
+    uint32_t pages[5];
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 5, pages), KV_ERR_OK);
+    const char *ss[] = {"--json", "sessions", NULL};
+    int64_t t0 = itest_now_us();
+    for (;;) {
+        assert_int_equal(itest_kvctl(&k, out, sizeof out, ss), 0);
+        if (strstr(out, "\"lease_expired\":true"))
+            break;
+        if (itest_now_us() - t0 > 30000000)
+            fail_msg("lease never reported expired: %s", out);
+        struct timespec ts = {0, 50000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_non_null(strstr(out, "\"refs\":5"));
+    assert_int_equal(itest_stat(&k, "request_refs"), 5);
+    /* a heartbeat renews it */
+    assert_int_equal(kvc_heartbeat(c, 0), KV_ERR_OK);
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, ss), 0);
+    assert_non_null(strstr(out, "\"lease_expired\":false"));
+    /* drain: new pages refused with DRAINING, releases still work */
+    const char *drain[] = {"drain", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, drain), 0);
+    uint32_t more;
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, &more), KV_ERR_DRAINING);
+    assert_int_equal(kvc_release(c, pages, 5), KV_ERR_OK);
+    /* SIGTERM with a session attached: clean exit (ASan builds check for leaks here) */
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    kvc_close(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help_and_check_config),
+        cmocka_unit_test(test_kvctl_config_get_set),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
