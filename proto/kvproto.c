@@ -315,10 +315,10 @@ kv_err_t kvp_request_decode(const uint8_t *buf, size_t len, const kvp_limits_t *
         e = kvp_fail(msg, msgcap, KV_ERR_MALFORMED, "unknown operation %d", (int)r->body_case);
         goto fail;
     }
+    *op = o; /* known from here on, also when validation fails (metrics count it per op) */
     e = kvp_validate(r, o, lim, msg, msgcap);
     if (e != KV_ERR_OK)
         goto fail;
-    *op = o;
     *out = r;
     return KV_ERR_OK;
 fail:

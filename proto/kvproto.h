@@ -78,8 +78,9 @@ typedef struct kvp_limits_s {
 void kvp_limits_default(kvp_limits_t *lim);
 
 /* Decode and validate. On KV_ERR_OK *out owns the request (free with kvp_request_free) and
- * *op is its operation. On failure *out is NULL, msg holds a NUL-terminated explanation, and
- * *id is the request id when it could be read (else 0). Never crashes on any input. */
+ * *op is its operation. On failure *out is NULL, msg holds a NUL-terminated explanation, *id
+ * is the request id when it could be read (else 0) and *op the operation when the body decoded
+ * but failed validation (else KVP_OP_INVALID). Never crashes on any input. */
 kv_err_t kvp_request_decode(const uint8_t *buf, size_t len, const kvp_limits_t *lim,
                             Kvd__Request **out, kvp_op_t *op, uint64_t *id, char *msg,
                             size_t msgcap);
