@@ -655,8 +655,8 @@ kv_err_t kvc_seal(kvc_t *c, uint32_t page, uint32_t prev, const uint32_t *tokens
 kv_err_t kvc_lookup_send(kvc_t *c, const uint32_t *tokens, size_t n, int peek, uint64_t *id)
 {
     KVC_REQ(LOOKUP, lookup, Kvd__LookupReq, KVD__LOOKUP_REQ__INIT);
-    body.tokens = (uint32_t *)tokens;
-    body.n_tokens = n;
+    body.tokens.data = (uint8_t *)tokens; /* little-endian host: the array is the wire form */
+    body.tokens.len = n * sizeof(uint32_t);
     body.peek = peek != 0;
     return kvc_send(c, &req, id);
 }
@@ -666,8 +666,8 @@ kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extr
                     uint32_t *tokens_matched)
 {
     KVC_REQ(LOOKUP, lookup, Kvd__LookupReq, KVD__LOOKUP_REQ__INIT);
-    body.tokens = (uint32_t *)tokens;
-    body.n_tokens = n;
+    body.tokens.data = (uint8_t *)tokens;
+    body.tokens.len = n * sizeof(uint32_t);
     body.peek = peek != 0;
     body.extra.data = (uint8_t *)extra;
     body.extra.len = extra ? extra_len : 0;

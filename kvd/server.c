@@ -87,6 +87,8 @@ struct kvd_server_s {
     size_t sendcap;
     uint32_t *lookup_buf;
     size_t lookup_cap;
+    uint32_t *tok_buf;
+    size_t tok_cap;
 };
 
 static uint64_t kvd_now_ns(void)
@@ -386,7 +388,19 @@ static kv_err_t kvd_op_lookup(kvd_req_ctx_t *c)
     kvd_server_t *s = c->s;
     const Kvd__LookupReq *r = c->req->lookup;
     uint32_t pt = kvd_core_export(s->core)->geom.page_tokens;
-    uint32_t max = (uint32_t)(r->n_tokens / pt);
+    uint32_t ntok = (uint32_t)(r->tokens.len / 4);
+    uint32_t max = ntok / pt;
+    /* tokens arrive as little-endian bytes (kvproto.h); copy into an aligned array */
+    if (ntok > s->tok_cap) {
+        uint32_t *nb = realloc(s->tok_buf, sizeof(uint32_t) * ntok);
+        if (!nb)
+            return kvd_fail(c, KV_ERR_NOMEM, "out of memory for %u lookup tokens", ntok);
+        s->tok_buf = nb;
+        s->tok_cap = ntok;
+    }
+    const uint32_t *tokens = s->tok_buf;
+    if (ntok)
+        memcpy(s->tok_buf, r->tokens.data, r->tokens.len);
     if (max + 1 > s->lookup_cap) {
         uint32_t *nb = realloc(s->lookup_buf, sizeof(uint32_t) * (max + 1));
         if (!nb)
@@ -400,7 +414,7 @@ static kv_err_t kvd_op_lookup(kvd_req_ctx_t *c)
         /* peek: walk the chain with cache_find, take nothing */
         uint8_t h[KVD_HASH_BYTES], prev[KVD_HASH_BYTES];
         for (uint32_t i = 0; i < max; i++) {
-            kvd_core_chain_hash(s->core, i ? prev : NULL, r->tokens + (uint64_t)i * pt, pt,
+            kvd_core_chain_hash(s->core, i ? prev : NULL, tokens + (uint64_t)i * pt, pt,
                                 r->extra.data, r->extra.len, h);
             uint32_t lg;
             if (kvd_core_cache_find(s->core, h, &lg) != KV_ERR_OK)
@@ -410,7 +424,7 @@ static kv_err_t kvd_op_lookup(kvd_req_ctx_t *c)
         }
         nt = np * pt;
     } else {
-        e = kvd_core_lookup(s->core, c->sess->sid, r->tokens, (uint32_t)r->n_tokens,
+        e = kvd_core_lookup(s->core, c->sess->sid, tokens, ntok,
                             r->extra.data, r->extra.len, s->lookup_buf, max, &np, &nt);
         if (e != KV_ERR_OK)
             return kvd_core_fail(c, e);
@@ -1230,6 +1244,7 @@ void kvd_server_free(kvd_server_t **ps)
     ar_reset(s);
     free(s->sendbuf);
     free(s->lookup_buf);
+    free(s->tok_buf);
     free(s);
     *ps = NULL;
 }

@@ -121,6 +121,20 @@ int kvp_wire_scan(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_
                 f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_BYTES) {
                 /* packed scalars: a whole number of well-formed elements */
                 size_t po = off, pend = off + (size_t)v;
+                if (f->type != PROTOBUF_C_TYPE_FIXED32 && f->type != PROTOBUF_C_TYPE_SFIXED32 &&
+                    f->type != PROTOBUF_C_TYPE_FLOAT && f->type != PROTOBUF_C_TYPE_FIXED64 &&
+                    f->type != PROTOBUF_C_TYPE_SFIXED64 && f->type != PROTOBUF_C_TYPE_DOUBLE) {
+                    /* packed varints: no run of 10+ continuation bytes, last byte ends one.
+                     * A byte loop, not a decode: this runs over whole prompts. */
+                    unsigned run = 0;
+                    for (; po < pend; po++) {
+                        run = (buf[po] & 0x80) ? run + 1 : 0;
+                        if (run >= 10)
+                            return -1;
+                    }
+                    if (run)
+                        return -1;
+                }
                 while (po < pend) {
                     size_t m;
                     if (f->type == PROTOBUF_C_TYPE_FIXED32 || f->type == PROTOBUF_C_TYPE_SFIXED32 ||
@@ -226,9 +240,13 @@ static kv_err_t kvp_validate(const Kvd__Request *r, kvp_op_t op, const kvp_limit
         return KV_ERR_OK;
     }
     case KVP_OP_LOOKUP:
-        if (r->lookup->n_tokens > lim->max_tokens)
+        if (r->lookup->tokens.len % 4)
+            return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT,
+                            "lookup: tokens is %zu bytes, not a whole number of uint32",
+                            r->lookup->tokens.len);
+        if (r->lookup->tokens.len / 4 > lim->max_tokens)
             return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT, "lookup: %zu tokens, max %u",
-                            r->lookup->n_tokens, lim->max_tokens);
+                            r->lookup->tokens.len / 4, lim->max_tokens);
         if (r->lookup->extra.len > KVP_MAX_EXTRA)
             return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT,
                             "lookup: extra is %zu bytes, max %u", r->lookup->extra.len,

@@ -27,6 +27,10 @@
 #include "kvd.pb-c.h"
 
 #define KVP_VERSION 1u
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "LookupReq.tokens is little-endian uint32 bytes; a big-endian port must convert"
+#endif
 #define KVP_NO_PAGE 0xFFFFFFFFu
 #define KVP_MAX_EXTRA 256u  /* bytes of SealReq/LookupReq.extra */
 #define KVP_MAX_STRING 256u /* bytes of any string field */

@@ -46,7 +46,7 @@ int main(int argc, char **argv)
     r.body_case = KVD__REQUEST__BODY_SEAL, r.seal = &s;
     emit(dir, "seal", &r);
     Kvd__LookupReq l = KVD__LOOKUP_REQ__INIT;
-    l.tokens = tok, l.n_tokens = 64;
+    l.tokens.data = (uint8_t *)tok, l.tokens.len = sizeof tok;
     r.body_case = KVD__REQUEST__BODY_LOOKUP, r.lookup = &l;
     emit(dir, "lookup", &r);
     Kvd__ReleaseReq rl = KVD__RELEASE_REQ__INIT;

@@ -57,8 +57,8 @@ static void test_random_and_truncated_bytes(void **state)
     req.id = 9;
     req.body_case = KVD__REQUEST__BODY_LOOKUP;
     req.lookup = &lk;
-    lk.tokens = tok;
-    lk.n_tokens = 40;
+    lk.tokens.data = (uint8_t *)tok;
+    lk.tokens.len = sizeof tok;
     size_t full = kvd__request__pack(&req, buf);
     for (size_t n = 1; n < full; n++) {
         Kvd__Reply *rep = NULL;
