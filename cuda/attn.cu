@@ -608,13 +608,72 @@ __device__ __forceinline__ void cp_seg(uint8_t *dst, const uint8_t *src, uint32_
         cp16(dst + c, src + c);
 }
 
-/* two tokens' codes at coordinate x of T0..T2 (token A in bits 0-15, B in 16-31) → f16x2 */
-__device__ __forceinline__ uint32_t tq3_vpair(uint32_t T0, uint32_t T1, uint32_t T2, int x)
+/* transpose of an 8×8 b16 matrix held in the m8n8 fragment layout (row lane/4, columns
+ * 2·(lane%4), +1) */
+__device__ __forceinline__ uint32_t movmatrix_t(uint32_t x)
 {
-    const uint32_t r = ((T0 >> x) & 0x10001u) | (((T1 >> x) & 0x10001u) << 1) |
-                       (((T2 >> x) & 0x10001u) << 2) | 0x64006400u;
-    const __half2 h = __hsub2(*reinterpret_cast<const __half2 *>(&r), __half2half2(__ushort_as_half(0x6400)));
+    uint32_t r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+    return r;
+}
+
+__host__ __device__ constexpr uint32_t rotl_c(uint32_t x, int n)
+{
+    return n % 32 == 0 ? x : (x << (n % 32)) | (x >> (32 - n % 32));
+}
+__device__ __forceinline__ uint32_t rotr(uint32_t x, int n)
+{
+    return __funnelshift_r(x, x, (unsigned)n);
+}
+
+/* Plane regrouping (v3). Extracting a 3-bit code from three plane words costs 3 shifts and 3
+ * masks per code; regrouping the planes ONCE per token (pair) into words where the bits of one
+ * code (pair) sit next to each other makes every extraction one rotate and one mask.
+ *
+ * V: T0..T2 hold the planes of 16 coordinates of token A (bits 0-15) and B (bits 16-31).
+ * With U1 = rotl(T1, 1), U2 = rotl(T2, 2), the code bits of coordinate x sit at x, x+1, x+2
+ * (A) and x+16 … x+18 (B); the coordinates x ≡ k (mod 4) do not overlap, so word z[k] takes
+ * T0 at 0x11111111 << k, U1 at the next bit and U2 at the one after.
+ * K: one token, 32 coordinates; the 6 bits of coordinate pair (x, x+1) are w0 at x, x+1,
+ * rotl(w1, 2) at x+2, x+3, rotl(w2, 4) at x+4, x+5; pairs x/2 ≡ k (mod 4) share word z[k].
+ * Bits outside the wanted fields are garbage and masked off at extraction. */
+__device__ __forceinline__ void tq3_vgroup(uint32_t T0, uint32_t T1, uint32_t T2, uint32_t (&z)[4])
+{
+    const uint32_t U1 = __funnelshift_l(T1, T1, 1u);
+    const uint32_t U2 = __funnelshift_l(T2, T2, 2u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t ma = 0x11111111u << k, mab = ma | rotl_c(ma, 1);
+        const uint32_t t = (T0 & ma) | (U1 & ~ma);
+        z[k] = (t & mab) | (U2 & ~mab);
+    }
+}
+/* f16x2 (code of A, code of B) at coordinate x: 1024 + code is 0x6400 | code, exact */
+__device__ __forceinline__ uint32_t tq3_vpair(const uint32_t (&z)[4], int x)
+{
+    const uint32_t r = (rotr(z[x & 3], x) & 0x00070007u) | 0x64006400u;
+    const __half2 h = __hsub2(*reinterpret_cast<const __half2 *>(&r),
+                              __half2half2(__ushort_as_half(0x6400)));
     return *reinterpret_cast<const uint32_t *>(&h);
+}
+__device__ __forceinline__ void tq3_kgroup(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t (&z)[4])
+{
+    const uint32_t v1 = __funnelshift_l(w1, w1, 2u), v2 = __funnelshift_l(w2, w2, 4u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t m0 = rotl_c(0x03030303u, 2 * k), m01 = rotl_c(0x0F0F0F0Fu, 2 * k);
+        const uint32_t t = (w0 & m0) | (v1 & ~m0);
+        z[k] = (t & m01) | (v2 & ~m01);
+    }
+}
+/* table entry of the coordinate pair (x, x+1), x even: byte offset index · 128 + lane · 4 into
+ * the per-lane replicated table (one OR: the two fields do not overlap; the block-uniform
+ * table base stays a separate addend the load folds into its address) */
+__device__ __forceinline__ uint32_t tq3_kpair(const uint32_t (&z)[4], const uint32_t *lut,
+                                              uint32_t lane4, int x)
+{
+    const uint32_t off = (rotr(z[(x >> 1) & 3], (x + 25) & 31) & (63u << 7)) | lane4;
+    return *reinterpret_cast<const uint32_t *>(reinterpret_cast<const uint8_t *>(lut) + off);
 }
 
 struct FastBlock {
@@ -766,7 +825,9 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
 #pragma unroll
     for (int i = 0; i < KS; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float m_run = -INFINITY, l_part = 0.0f, z_part = 0.0f, F = 0.0f;
+    /* per head 2t4 / 2t4+1 (uniform over g8); l and z are this lane's tokens' share */
+    float m_run2[2] = {-INFINITY, -INFINITY}, l_part2[2] = {0.0f, 0.0f};
+    float z_part2[2] = {0.0f, 0.0f}, F = 0.0f;
 
 #pragma unroll
     for (int i = 0; i < NS - 1; i++)
@@ -783,28 +844,31 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         const uint32_t tk[2] = {g8, g8 + 8};
         const uint32_t tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
 
-        float kfac[4], vsc[4], vz[4];
+        /* metadata of this lane's S rows: tokens g8 and g8 + 8 */
+        float kfac[2], vsc[2], vz[2];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < 2; j++) {
             kfac[j] = vsc[j] = vz[j] = 0.0f;
-            if (tv[j] < n) {
+            if (tk[j] < n) {
                 if (FMT == KV_FMT_FP8) {
-                    kfac[j] = reinterpret_cast<const float *>(st + 16 * D)[tv[j]];
-                    vsc[j] = reinterpret_cast<const float *>(st + 32 * D + 64)[tv[j]];
+                    kfac[j] = reinterpret_cast<const float *>(st + 16 * D)[tk[j]];
+                    vsc[j] = reinterpret_cast<const float *>(st + 32 * D + 64)[tk[j]];
                 } else {
-                    kfac[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 6 * D)[tv[j]]);
-                    vsc[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 32)[tv[j]]);
-                    vz[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 64)[tv[j]]);
+                    kfac[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 6 * D)[tk[j]]);
+                    vsc[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 32)[tk[j]]);
+                    vz[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 64)[tk[j]]);
                 }
             }
         }
 
-        /* ---- S = Q Kᵀ (tokens ≥ n hold stale or out-of-sequence bytes: masked below) ---- */
-        float sc[2][4];
+        /* ---- Sᵀ = K Qᵀ (v4: tokens are the 16 MMA rows, heads the 8 columns, so no half-empty
+         * A operand; K's fragments for token g8 / g8 + 8 are v3's B fragments of n-tile 0 / 1,
+         * and Q's B fragment is v3's A fragment). Tokens ≥ n hold stale or out-of-sequence
+         * bytes: masked below. ---- */
+        uint32_t kbt[2][KS][2];
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
-            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-            uint32_t kb[KS][2];
+            uint32_t(&kb)[KS][2] = kbt[nt];
             if (FMT == KV_FMT_FP8) {
                 uint32_t kw[KS];
                 const uint8_t *row = st + tk[nt] * D;
@@ -829,73 +893,80 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                 }
             } else {
                 constexpr int NG = D == 64 ? 1 : D / 128;
-                uint32_t w[NG][3];
+                const uint32_t lane4 = lane * 4u;
 #pragma unroll
                 for (int gi = 0; gi < NG; gi++) {
                     const uint32_t grp = D == 64 ? (t4 >> 1) : t4 + 4 * gi;
                     const uint32_t *wp =
                         reinterpret_cast<const uint32_t *>(st) + (tk[nt] * (D / 32) + grp) * 3;
-                    w[gi][0] = wp[0], w[gi][1] = wp[1], w[gi][2] = wp[2];
-                }
+                    uint32_t w0 = wp[0], w1 = wp[1], w2 = wp[2];
+                    if (D == 64) { /* this lane's 16 coordinates are the group's half t4 & 1 */
+                        const uint32_t r = 16u * (t4 & 1u);
+                        w0 = rotr(w0, (int)r), w1 = rotr(w1, (int)r), w2 = rotr(w2, (int)r);
+                    }
+                    uint32_t z[4];
+                    tq3_kgroup(w0, w1, w2, z);
+                    constexpr int SPG = D == 64 ? KS : 8; /* k-steps per group */
 #pragma unroll
-                for (int s2 = 0; s2 < KS; s2++) {
-                    const int gi = D == 64 ? 0 : s2 / 8;
-                    const uint32_t sh = D == 64 ? 16u * (t4 & 1u) + 4u * s2 : 4u * (s2 % 8);
-#pragma unroll
-                    for (int hb = 0; hb < 2; hb++) {
-                        const uint32_t x = sh + 2u * hb;
-                        const uint32_t idx = ((w[gi][0] >> x) & 3u) | (((w[gi][1] >> x) & 3u) << 2) |
-                                             (((w[gi][2] >> x) & 3u) << 4);
-                        kb[s2][hb] = sm.lutk[(idx << 5) | lane];
+                    for (int j = 0; j < SPG; j++) {
+                        kb[gi * SPG + j][0] = tq3_kpair(z, sm.lutk, lane4, 4 * j);
+                        kb[gi * SPG + j][1] = tq3_kpair(z, sm.lutk, lane4, 4 * j + 2);
                     }
                 }
             }
-#pragma unroll
-            for (int s2 = 0; s2 < KS; s2++)
-                mma16816(sc[nt], qa[s2][0], 0u, qa[s2][1], 0u, kb[s2][0], kb[s2][1]);
         }
+        float sT[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s2 = 0; s2 < KS; s2++)
+            mma16816(sT, kbt[0][s2][0], kbt[1][s2][0], kbt[0][s2][1], kbt[1][s2][1], qa[s2][0],
+                     qa[s2][1]);
 
-        /* ---- online softmax (head g8; this lane holds tokens 2t, 2t+1, 2t+8, 2t+9) ---- */
-        float sv[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
-        float tmax = -INFINITY;
+        /* ---- online softmax: this lane holds tokens g8, g8 + 8 of heads 2t, 2t+1 ---- */
+        float sv[2][2]; /* [token g8, g8 + 8][head 2t, 2t+1] */
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            sv[j] = tv[j] < n ? sv[j] * kfac[j] : -INFINITY;
-            tmax = fmaxf(tmax, sv[j]);
+        for (int j = 0; j < 2; j++) {
+            sv[j][0] = tk[j] < n ? sT[2 * j] * kfac[j] : -INFINITY;
+            sv[j][1] = tk[j] < n ? sT[2 * j + 1] * kfac[j] : -INFINITY;
         }
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-        const float m_new = fmaxf(m_run, tmax);
-        float alpha = 1.0f, pr[4];
-        if (m_new == -INFINITY) {
-            pr[0] = pr[1] = pr[2] = pr[3] = 0.0f;
-        } else {
-            alpha = exp2f(m_run - m_new);
+        float pr[2][2], alpha[2];
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                pr[j] = exp2f(sv[j] - m_new);
+        for (int hh = 0; hh < 2; hh++) {
+            float tmax = fmaxf(sv[0][hh], sv[1][hh]);
+#pragma unroll
+            for (int off = 4; off < 32; off <<= 1)
+                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+            const float m_new = fmaxf(m_run2[hh], tmax);
+            alpha[hh] = 1.0f;
+            if (m_new == -INFINITY) {
+                pr[0][hh] = pr[1][hh] = 0.0f;
+            } else {
+                alpha[hh] = exp2f(m_run2[hh] - m_new);
+                pr[0][hh] = exp2f(sv[0][hh] - m_new);
+                pr[1][hh] = exp2f(sv[1][hh] - m_new);
+            }
+            m_run2[hh] = m_new;
+            l_part2[hh] = l_part2[hh] * alpha[hh] + (pr[0][hh] + pr[1][hh]);
+            if (FMT == KV_FMT_TQ3)
+                z_part2[hh] = z_part2[hh] * alpha[hh] + (pr[0][hh] * vz[0] + pr[1][hh] * vz[1]);
         }
-        m_run = m_new;
-        l_part = l_part * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
-        if (FMT == KV_FMT_TQ3)
-            z_part = z_part * alpha + (pr[0] * vz[0] + pr[1] * vz[1] + pr[2] * vz[2] + pr[3] * vz[3]);
-        if (__any_sync(0xffffffffu, alpha != 1.0f)) {
-            const float aA = __shfl_sync(0xffffffffu, alpha, 8 * t4);
-            const float aB = __shfl_sync(0xffffffffu, alpha, 8 * t4 + 4);
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
             for (int i = 0; i < KS; i++) {
-                o[i][0] *= aA, o[i][1] *= aB, o[i][2] *= aA, o[i][3] *= aB;
+                o[i][0] *= alpha[0], o[i][1] *= alpha[1], o[i][2] *= alpha[0], o[i][3] *= alpha[1];
             }
         }
         if (F == 0.0f) {
-            float mx = fmaxf(fmaxf(vsc[0], vsc[1]), fmaxf(vsc[2], vsc[3]));
+            float mx = fmaxf(vsc[0], vsc[1]);
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1)
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
             F = mx > 0.0f && mx <= FLT_MAX ? exp2f(-ceilf(log2f(mx))) : 1.0f;
         }
-        const uint32_t pb0 = pack_half2(pr[0] * vsc[0] * F, pr[1] * vsc[1] * F);
-        const uint32_t pb1 = pack_half2(pr[2] * vsc[2] * F, pr[3] * vsc[3] * F);
+        /* P'ᵀ in the accumulator layout (row = token, pair = heads 2t, 2t+1), two 8×8 blocks;
+         * transposed in registers they are exactly the B fragments of PV (k = tokens 2t, 2t+1
+         * and 2t+8, 2t+9, n = head g8) */
+        const uint32_t pb0 = movmatrix_t(pack_half2(pr[0][0] * vsc[0] * F, pr[0][1] * vsc[0] * F));
+        const uint32_t pb1 = movmatrix_t(pack_half2(pr[1][0] * vsc[1] * F, pr[1][1] * vsc[1] * F));
 
         /* ---- Oᵀ += Vᵀ Pᵀ ---- */
         uint32_t va[KS][4];
@@ -952,17 +1023,20 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                     const uint32_t sel = (D == 256 ? hh : (cst >> 4)) ? 0x7632u : 0x5410u;
                     uint32_t T0 = prmt(a0, b0, sel), T1 = prmt(a1, b1, sel),
                              T2 = prmt(a2, b2, sel);
-                    if (D == 64) {
+                    if (D == 64) { /* 8 coordinates from bit cst % 16; bits 8-15 then hold B's
+                                      low coordinates, never extracted (x < 8) */
                         T0 >>= (cst & 15u), T1 >>= (cst & 15u), T2 >>= (cst & 15u);
                     }
+                    uint32_t z[4];
+                    tq3_vgroup(T0, T1, T2, z);
 #pragma unroll
                     for (int c = 0; c < NC / NH; c++) {
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
                             const int i = 2 * (c + hh * (NC / NH)) + e;
                             const int x = 4 * c + 2 * e;
-                            va[i][2 * hp + 0] = tq3_vpair(T0, T1, T2, x);
-                            va[i][2 * hp + 1] = tq3_vpair(T0, T1, T2, x + 1);
+                            va[i][2 * hp + 0] = tq3_vpair(z, x);
+                            va[i][2 * hp + 1] = tq3_vpair(z, x + 1);
                         }
                     }
                 }
@@ -976,17 +1050,24 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     }
     cp_wait<0>();
 
-    /* ---- merge the warps (as v1) ---- */
-    l_part += __shfl_xor_sync(0xffffffffu, l_part, 1);
-    l_part += __shfl_xor_sync(0xffffffffu, l_part, 2);
-    z_part += __shfl_xor_sync(0xffffffffu, z_part, 1);
-    z_part += __shfl_xor_sync(0xffffffffu, z_part, 2);
+    /* ---- merge the warps (as v1, with per-lane head pairs) ---- */
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) {
+            l_part2[hh] += __shfl_xor_sync(0xffffffffu, l_part2[hh], off);
+            z_part2[hh] += __shfl_xor_sync(0xffffffffu, z_part2[hh], off);
+        }
+    }
     __syncthreads(); /* every warp is done with the rings that s_o overlays */
     float *s_o = reinterpret_cast<float *>(sm.buf); /* [kFWarps][kMaxGroup][D] */
-    if (t4 == 0) {
-        sm.m[warp][g8] = m_run;
-        sm.l[warp][g8] = l_part;
-        sm.z[warp][g8] = z_part;
+    if (g8 == 0) {
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            sm.m[warp][2 * t4 + hh] = m_run2[hh];
+            sm.l[warp][2 * t4 + hh] = l_part2[hh];
+            sm.z[warp][2 * t4 + hh] = z_part2[hh];
+        }
     }
     const float invF = F > 0.0f ? 1.0f / F : 0.0f;
 #pragma unroll
@@ -1317,17 +1398,19 @@ extern "C" size_t kvk_cuda_attn_workspace_bytes(uint32_t batch, uint32_t q_heads
 }
 
 extern "C" uint32_t kvk_cuda_attn_suggest_splits(uint32_t batch, uint32_t kv_heads,
-                                                 uint32_t q_heads, uint32_t max_pages,
-                                                 uint32_t sm_count)
+                                                 uint32_t q_heads, uint32_t head_dim,
+                                                 uint32_t max_pages, uint32_t sm_count)
 {
     const uint64_t group = kv_heads ? (q_heads / kv_heads) : 1;
     const uint64_t blocks = (uint64_t)batch * kv_heads * ((group + kMaxGroup - 1) / kMaxGroup);
     if (blocks == 0 || max_pages == 0)
         return 1;
-    /* One wave: at least two v2 blocks fit per SM at every head_dim, so 2·sm_count blocks
-     * all run at once and each does the same work (a second, partial wave would idle most of
-     * the device at its end). At least 16 pages (4 per warp) a split. */
-    uint64_t want = (uint64_t)sm_count * 2 / blocks;
+    /* One wave: the v2 kernel's launch bounds guarantee 3 resident blocks per SM at
+     * head_dim ≤ 128 and 2 at 256, so that many blocks all run at once and each does the same
+     * work (a second, partial wave would idle most of the device at its end). At least 16
+     * pages (4 per warp) a split. */
+    const uint64_t per_sm = head_dim > 128 ? 2 : 3;
+    uint64_t want = (uint64_t)sm_count * per_sm / blocks;
     const uint64_t by_pages = max_pages / 16;
     want = want < by_pages ? want : by_pages;
     want = want < 1 ? 1 : want;

@@ -89,11 +89,11 @@ kvk_status_t kvk_cuda_attn_merge(uint32_t batch, uint32_t parts_per_seq, uint32_
  * pieces; 0 on overflow. */
 size_t kvk_cuda_attn_workspace_bytes(uint32_t batch, uint32_t q_heads, uint32_t head_dim,
                                      uint32_t num_splits);
-/* A reasonable num_splits for a batch whose longest sequence has max_pages pages: enough
- * blocks to fill the device (sm_count multiprocessors) about four times over, never more
- * splits than pages. Host-only arithmetic. */
+/* A reasonable num_splits for a batch whose longest sequence has max_pages pages: as many
+ * blocks as are resident at once on sm_count multiprocessors for this head_dim (one wave),
+ * at most one split per 16 pages. Host-only arithmetic. */
 uint32_t kvk_cuda_attn_suggest_splits(uint32_t batch, uint32_t kv_heads, uint32_t q_heads,
-                                      uint32_t max_pages, uint32_t sm_count);
+                                      uint32_t head_dim, uint32_t max_pages, uint32_t sm_count);
 /* partial + merge into out [batch][q_heads][d]; workspace: ws_bytes ≥ the size above. */
 kvk_status_t kvk_cuda_attn_decode(const kv_geom_t *g, const kv_pools_t *pools,
                                   const kv_dir_entry_t *dir, uint32_t dir_len,

@@ -152,7 +152,7 @@ int main(void)
         for (uint32_t L : lens) {
             const uint32_t np = L / 16, need = S.B * np;
             const uint32_t sets = std::min<uint32_t>(8, maxpages / need);
-            const uint32_t splits = kvk_cuda_attn_suggest_splits(S.B, S.KVH, S.H, np,
+            const uint32_t splits = kvk_cuda_attn_suggest_splits(S.B, S.KVH, S.H, S.D, np,
                                                                  prop.multiProcessorCount);
             const size_t wsb = kvk_cuda_attn_workspace_bytes(S.B, S.H, S.D, splits);
             void *ws;
