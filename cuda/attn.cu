@@ -2,6 +2,10 @@
  * kv_attn_partial / kv_attn_merge in attn.c; docs/attention.md has the math, docs/perf.md the
  * figures).
  *
+ * Two partial kernels with one contract: attn_fast_kernel (the "v2" block comment further down;
+ * page_tokens % 16 == 0, one launch for both formats, cp.async rings, bit-op TQ3 decode) and
+ * the original attn_partial_kernel described here, kept for every other page size.
+ *
  * Grid of the partial kernel: (kv_heads · head_groups, num_splits, batch), one launch per format.
  * A block
  * owns one partition of kvkern.h — (sequence, split, format) — for one KV head and up to 8 of
@@ -569,8 +573,14 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
  *   - TQ3 K: a 64-entry table (2 coordinates × 3 planes → FP16 centroid pair) replicated per
  *     lane (word e·32 + lane: every lane hits its own bank, no conflicts, 8 KB).
  *   - TQ3 V: no table; the codes of two tokens at one coordinate become an f16x2 by bit ops:
- *     0x6400 | code is the FP16 1024 + code, minus 1024 (exact).
- *   - 4 warps per block (2-3 blocks per SM), splits chosen to fill the device once.
+ *     0x6400 | code is the FP16 1024 + code, minus 1024 (exact). Plane words are regrouped
+ *     once per token (pair) so that each code (pair) costs one rotate and one mask (v3).
+ *   - QK as Sᵀ = K·Qᵀ: the 16 tokens fill the MMA rows (v4); P is moved back to the PV
+ *     operand layout by two movmatrix.trans.
+ *   - 4 warps per block, 4 blocks per SM at d ≤ 128 (≤ 128 registers), 2 at d = 256; splits
+ *     chosen so that all blocks are resident at once (kvk_cuda_attn_suggest_splits).
+ * docs/perf.md has each version's figures and what limits the TQ3 path (latency at this
+ * occupancy plus integer decode work; ~33% of copy bandwidth at B=8 128K).
  */
 constexpr int kFWarps = 4;
 constexpr int kFThreads = kFWarps * 32;
@@ -579,8 +589,11 @@ constexpr int kLutKWords = 64 * 32;
 template <int D> struct FastCfg {
     static constexpr uint32_t kStage8 = 32u * D + 128u; /* K codes, K scales, V codes, V scales */
     static constexpr uint32_t kStageT = 12u * D + 96u;  /* K planes, γ, V planes, scale, zero */
-    static constexpr int kNs8 = D == 256 ? 2 : 3;
-    static constexpr int kNsT = D == 256 ? 5 : 7;
+    /* v5: 4 blocks (16 warps) per SM at d ≤ 128 — the TQ3 path is latency-bound (v4 ncu) —
+     * so the rings shrink to fit 4 blocks: 2 FP8 / 6 TQ3 stages */
+    static constexpr int kMinBlocks = D == 256 ? 2 : 4;
+    static constexpr int kNs8 = 2;
+    static constexpr int kNsT = D == 256 ? 5 : 6;
     static constexpr uint32_t kWarpBuf =
         kNs8 * kStage8 > kNsT * kStageT ? kNs8 * kStage8 : kNsT * kStageT;
     static constexpr size_t kSmem = (size_t)kFWarps * kWarpBuf;
@@ -1144,7 +1157,7 @@ __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &b
 }
 
 template <int D>
-__global__ void __launch_bounds__(kFThreads, D == 256 ? 2 : 3) attn_fast_kernel(AttnArgs a)
+__global__ void __launch_bounds__(kFThreads, FastCfg<D>::kMinBlocks) attn_fast_kernel(AttnArgs a)
 {
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float s_q[kMaxGroup][D];
@@ -1405,11 +1418,11 @@ extern "C" uint32_t kvk_cuda_attn_suggest_splits(uint32_t batch, uint32_t kv_hea
     const uint64_t blocks = (uint64_t)batch * kv_heads * ((group + kMaxGroup - 1) / kMaxGroup);
     if (blocks == 0 || max_pages == 0)
         return 1;
-    /* One wave: the v2 kernel's launch bounds guarantee 3 resident blocks per SM at
+    /* One wave: the v2 kernel's launch bounds guarantee 4 resident blocks per SM at
      * head_dim ≤ 128 and 2 at 256, so that many blocks all run at once and each does the same
      * work (a second, partial wave would idle most of the device at its end). At least 16
      * pages (4 per warp) a split. */
-    const uint64_t per_sm = head_dim > 128 ? 2 : 3;
+    const uint64_t per_sm = head_dim > 128 ? FastCfg<256>::kMinBlocks : FastCfg<128>::kMinBlocks;
     uint64_t want = (uint64_t)sm_count * per_sm / blocks;
     const uint64_t by_pages = max_pages / 16;
     want = want < by_pages ? want : by_pages;
