@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kvc.h"
 
@@ -331,6 +332,16 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    /* ZeroMQ lets a client connect before the server binds, so a missing daemon would only
+     * show as a timeout; an operator deserves the plain reason at once. */
+    struct stat sock_st;
+    if (!strncmp(ep, "ipc://", 6) && stat(ep + 6, &sock_st) != 0) {
+        fprintf(stderr,
+                "kvctl: no daemon at %s: no socket file %s (is kvd running? set --endpoint or "
+                "$KVD_ENDPOINT)\n",
+                ep, ep + 6);
+        return 1;
+    }
     kvc_t *c;
     kv_err_t e = kvc_connect(&c, ep, timeout);
     if (e != KV_ERR_OK) {
