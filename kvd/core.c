@@ -259,17 +259,7 @@ int kvd_core_release(kvd_core_t *c, uint64_t sid, const uint32_t *ids, uint32_t 
         return KV_ERR_OK;
     if (!ids)
         return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "release: ids is NULL");
-    uint32_t i, bad = KVD_NONE;
-    for (i = 0; i < n; i++) { /* tentative decrement, undone below: duplicates count */
-        uint64_t *v = ids[i] < c->nlogical ? kvd_map_get(&s->loose, ids[i]) : NULL;
-        if (!v || *v == 0) {
-            bad = i;
-            break;
-        }
-        (*v)--;
-    }
-    for (uint32_t j = 0; j < i; j++)
-        (*kvd_map_get(&s->loose, ids[j]))++;
+    uint32_t i, bad = kvd__loose_first_missing(c, s, ids, n);
     if (bad != KVD_NONE)
         return kvd__fail(c, KV_ERR_INVALID_ARGUMENT,
                          "release: logical page %u (index %u) is not held loose by session %llu "

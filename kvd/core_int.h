@@ -142,6 +142,10 @@ int kvd__ensure_free(kvd_core_t *c, kv_fmt_t f, uint32_t n, uint32_t exclude);
 /* ---- session.c --------------------------------------------------------------------------- */
 kvd_session_t *kvd__session_get(const kvd_core_t *c, uint64_t sid);
 kvd_seq_t *kvd__seq_get(const kvd_core_t *c, uint64_t seq);
+/* Index of the first id in ids[0..n) that session s does not hold loose (counting
+ * duplicates), or KVD_NONE when it holds them all. Leaves the counts unchanged. */
+uint32_t kvd__loose_first_missing(const kvd_core_t *c, kvd_session_t *s, const uint32_t *ids,
+                                  uint32_t n);
 void kvd__sessions_fini(kvd_core_t *c);
 /* Count of lid in the session's map m (0 when absent). */
 uint64_t kvd__count(const kvd_map_t *m, uint32_t lid);

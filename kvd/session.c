@@ -263,19 +263,7 @@ int kvd_core_seq_append(kvd_core_t *c, uint64_t sid, uint64_t seq, const uint32_
         return KV_ERR_OK;
     if (!ids)
         return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "seq_append: ids is NULL");
-    /* Validate with a tentative decrement of the loose counts, undone on failure, so that a
-     * duplicated id needs that many loose refs. */
-    uint32_t bad = KVD_NONE, i;
-    for (i = 0; i < n; i++) {
-        uint64_t *v = ids[i] < c->nlogical ? kvd_map_get(&s->loose, ids[i]) : NULL;
-        if (!v || *v == 0) {
-            bad = i;
-            break;
-        }
-        (*v)--;
-    }
-    for (uint32_t j = 0; j < i; j++)
-        (*kvd_map_get(&s->loose, ids[j]))++;
+    uint32_t i, bad = kvd__loose_first_missing(c, s, ids, n);
     if (bad != KVD_NONE)
         return kvd__fail(c, KV_ERR_INVALID_ARGUMENT,
                          "seq_append: logical page %u (index %u) is not held loose by session "
@@ -343,4 +331,23 @@ int kvd_core_seq_pages(const kvd_core_t *c, uint64_t seq, kvd_seq_page_t *out, u
     if (sid_out)
         *sid_out = q->sid;
     return KV_ERR_OK;
+}
+
+uint32_t kvd__loose_first_missing(const kvd_core_t *c, kvd_session_t *s, const uint32_t *ids,
+                                  uint32_t n)
+{
+    /* A tentative decrement of the loose counts, undone before returning, so that an id
+     * listed k times needs k loose references. */
+    uint32_t i, bad = KVD_NONE;
+    for (i = 0; i < n; i++) {
+        uint64_t *v = ids[i] < c->nlogical ? kvd_map_get(&s->loose, ids[i]) : NULL;
+        if (!v || *v == 0) {
+            bad = i;
+            break;
+        }
+        (*v)--;
+    }
+    for (uint32_t j = 0; j < i; j++)
+        (*kvd_map_get(&s->loose, ids[j]))++;
+    return bad;
 }
