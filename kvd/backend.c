@@ -40,3 +40,21 @@ void kvd_backend_free(kvd_backend_t **b)
     (*b)->ops->destroy(*b);
     *b = NULL;
 }
+
+int kvd_backend_check_args(kvd_backend_t **out, const kv_geom_t *geom,
+                           const uint32_t pages[KV_FMT_COUNT], uint32_t dir_entries, char *err,
+                           size_t errlen)
+{
+    if (!out)
+        return KV_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (!kv_geom_valid(geom)) {
+        kvd_fmt(err, errlen, "invalid geometry");
+        return KV_ERR_INVALID_ARGUMENT;
+    }
+    if (dir_entries == 0 || !pages) {
+        kvd_fmt(err, errlen, "the directory needs at least one entry");
+        return KV_ERR_INVALID_ARGUMENT;
+    }
+    return KV_ERR_OK;
+}

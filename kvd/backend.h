@@ -101,4 +101,10 @@ void kvd_backend_free(kvd_backend_t **b);
  * NULL on cuda or out of range). For tests and the snapshot writer. */
 uint8_t *kvd_backend_host_page(kvd_backend_t *b, kv_fmt_t f, uint32_t phys);
 
+/* Arguments every backend's create checks first: out non-NULL (set to NULL), a valid
+ * geometry, pages non-NULL and at least one directory entry. KV_ERR_OK or INVALID_ARGUMENT. */
+int kvd_backend_check_args(kvd_backend_t **out, const kv_geom_t *geom,
+                           const uint32_t pages[KV_FMT_COUNT], uint32_t dir_entries, char *err,
+                           size_t errlen);
+
 #endif /* KVD_BACKEND_H */

@@ -419,17 +419,9 @@ int kvd_backend_cuda_create(kvd_backend_t **out, const kv_geom_t *geom,
                             const uint32_t pages[KV_FMT_COUNT], uint32_t dir_entries, char *err,
                             size_t errlen)
 {
-    if (!out)
-        return KV_ERR_INVALID_ARGUMENT;
-    *out = NULL;
-    if (!kv_geom_valid(geom)) {
-        kvd_fmt(err, errlen, "invalid geometry");
-        return KV_ERR_INVALID_ARGUMENT;
-    }
-    if (dir_entries == 0 || !pages) {
-        kvd_fmt(err, errlen, "the directory needs at least one entry");
-        return KV_ERR_INVALID_ARGUMENT;
-    }
+    int e = kvd_backend_check_args(out, geom, pages, dir_entries, err, errlen);
+    if (e != KV_ERR_OK)
+        return e;
     kvd_backend_t *b = kvd_calloc(1, sizeof(*b));
     cuda_impl_t *im = kvd_calloc(1, sizeof(*im));
     kv_dir_entry_t *mirror = kvd_calloc(dir_entries, sizeof(kv_dir_entry_t));
