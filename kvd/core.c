@@ -192,11 +192,13 @@ static int session_reserve(kvd_core_t *c, kvd_session_t *s, uint32_t n)
 }
 
 /* Give the session one more loose ref on lid (maps reserved by the caller). */
-static void take_loose(kvd_core_t *c, kvd_session_t *s, uint32_t lid)
+/* `now`: the caller's clock reading, one per call rather than one per page (a 32K-token lookup
+ * takes 2048 references). */
+static void take_loose(kvd_core_t *c, kvd_session_t *s, uint32_t lid, uint64_t now)
 {
     kvd_lpage_t *p = &c->lp[lid];
     p->req_loose++;
-    p->last_use_ns = kvd__now(c);
+    p->last_use_ns = now;
     kvd__count_add(&s->loose, lid, 1);
     kvd__count_add(&s->held, lid, 1);
     s->loose_total++;
@@ -245,7 +247,7 @@ int kvd_core_alloc(kvd_core_t *c, uint64_t sid, uint32_t n, uint32_t *logical_ou
         p->last_use_ns = now;
         c->pool[KV_FMT_FP8].pg[phys].state = KVD_PHYS_LIVE;
         kvd__dir_publish(c, lid, KV_FMT_FP8, phys, KV_DIR_VALID);
-        take_loose(c, s, lid);
+        take_loose(c, s, lid, now);
         logical_out[i] = lid;
     }
     c->st.alloc_pages += n;
@@ -406,8 +408,9 @@ int kvd_core_lookup(kvd_core_t *c, uint64_t sid, const uint32_t *tokens, uint32_
     }
     if (hits && session_reserve(c, s, hits) != KV_ERR_OK)
         return KV_ERR_NOMEM;
+    uint64_t now = kvd__now(c);
     for (uint32_t i = 0; i < hits; i++)
-        take_loose(c, s, logical_out[i]);
+        take_loose(c, s, logical_out[i], now);
     c->st.lookups++;
     c->st.lookup_pages_asked += full;
     c->st.lookup_pages_hit += hits;

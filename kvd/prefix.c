@@ -1,8 +1,9 @@
 /* prefix.c — chain hash, prefix index, per-format LRU, eviction and the cache quota.
  *
- * Hash: h_i = BLAKE2b-256 keyed with the namespace salt over h_{i-1} || tokens_i (u32 LE) ||
- * extra (libsodium crypto_generichash). The key makes hashes unforgeable by clients and
- * different across namespaces (tenants never share entries).
+ * Hash: h_i = BLAKE2b-256(salt || h_{i-1} || tokens_i (u32 LE) || extra), libsodium's
+ * crypto_generichash with the secret namespace salt as a prefix key (BLAKE2 has no length
+ * extension, so a secret prefix makes it a PRF: hashes are unforgeable by clients and differ
+ * across namespaces, tenants never share entries).
  *
  * LRU (SQLite pcache habit, STYLE.md §11): a cached page is on its format's LRU iff nothing
  * but the cache references it. Pins, request refs and conversions all keep a page off the list,
@@ -20,30 +21,47 @@
 
 #include "core_int.h"
 
+static inline void store_le32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+}
+
 void kvd_core_chain_hash(const kvd_core_t *c, const uint8_t *prev_hash, const uint32_t *tokens,
                          uint32_t ntok, const uint8_t *extra, size_t extra_len,
                          uint8_t hash_out[KVD_HASH_BYTES])
 {
-    static const uint8_t zero[KVD_HASH_BYTES];
-    crypto_generichash_state st;
-    crypto_generichash_init(&st, c->key, sizeof(c->key), KVD_HASH_BYTES);
-    crypto_generichash_update(&st, prev_hash ? prev_hash : zero, KVD_HASH_BYTES);
-    /* Little-endian u32 per token, independent of the host's byte order. */
-    uint8_t buf[256];
+    /* One buffer, one libsodium call: key || prev || tokens (u32 LE, independent of the host's
+     * byte order) || extra. At 16 tokens per page that is exactly one 128-byte BLAKE2b block,
+     * i.e. one compression per page (libsodium's keyed mode would spend a second one on the
+     * zero-padded key block; see docs/decisions.md). Pages too long for the stack buffer
+     * stream the identical byte sequence through init/update/final. */
+    uint8_t buf[KVD_HASH_KEY_BYTES + KVD_HASH_BYTES + 4 * 64 + KVD_EXTRA_MAX];
     size_t nb = 0;
-    for (uint32_t i = 0; i < ntok; i++) {
-        uint32_t t = tokens[i];
-        buf[nb++] = (uint8_t)t;
-        buf[nb++] = (uint8_t)(t >> 8);
-        buf[nb++] = (uint8_t)(t >> 16);
-        buf[nb++] = (uint8_t)(t >> 24);
-        if (nb == sizeof(buf)) {
-            crypto_generichash_update(&st, buf, nb);
-            nb = 0;
-        }
+    memcpy(buf, c->key, KVD_HASH_KEY_BYTES);
+    nb += KVD_HASH_KEY_BYTES;
+    if (prev_hash)
+        memcpy(buf + nb, prev_hash, KVD_HASH_BYTES);
+    else
+        memset(buf + nb, 0, KVD_HASH_BYTES);
+    nb += KVD_HASH_BYTES;
+    if (ntok <= 64 && extra_len <= KVD_EXTRA_MAX) {
+        for (uint32_t i = 0; i < ntok; i++, nb += 4)
+            store_le32(buf + nb, tokens[i]);
+        if (extra_len)
+            memcpy(buf + nb, extra, extra_len);
+        nb += extra_len;
+        crypto_generichash(hash_out, KVD_HASH_BYTES, buf, nb, NULL, 0);
+        return;
     }
-    if (nb)
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, NULL, 0, KVD_HASH_BYTES);
+    crypto_generichash_update(&st, buf, nb);
+    for (uint32_t i = 0; i < ntok;) {
+        nb = 0;
+        for (; i < ntok && nb + 4 <= 4 * 64; i++, nb += 4)
+            store_le32(buf + nb, tokens[i]);
         crypto_generichash_update(&st, buf, nb);
+    }
     if (extra_len)
         crypto_generichash_update(&st, extra, extra_len);
     crypto_generichash_final(&st, hash_out, KVD_HASH_BYTES);
