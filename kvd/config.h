@@ -31,7 +31,7 @@
     XX(seed, U64, 0, UINT64_MAX, "", "1", 0, "rotation seed of the namespace")                     \
     XX(pages_fp8, U64, 1, 16777216, "", "1024", 0, "physical pages in the FP8 pool")               \
     XX(pages_tq3, U64, 0, 16777216, "", "1024", 0, "physical pages in the TQ3 pool")               \
-    XX(cache_quota, U64, 0, 16777216, "", "0", 0,                                                  \
+    XX(cache_quota, U64, 0, 16777216, "", "0", 1,                                                  \
        "max sealed cache pages kept unreferenced per format (0: bounded by the pool only)")        \
     XX(admit_uids, IDS, 0, 0, "", "", 0,                                                           \
        "uids admitted by the ZAP handler, comma separated (empty: the daemon's own uid)")          \

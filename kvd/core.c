@@ -507,6 +507,16 @@ int kvd_core_cache_evict(kvd_core_t *c, uint32_t logical)
     return KV_ERR_OK;
 }
 
+int kvd_core_set_cache_quota(kvd_core_t *c, kv_fmt_t f, uint64_t pages)
+{
+    if ((unsigned)f >= KV_FMT_COUNT)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "cache quota: bad format %d", (int)f);
+    kvd_pool_t *pl = &c->pool[f];
+    pl->quota = pages == 0 || pages > pl->n ? pl->n : (uint32_t)pages;
+    kvd__cache_enforce_quota(c, f);
+    return KV_ERR_OK;
+}
+
 int kvd_core_pin(kvd_core_t *c, uint32_t logical)
 {
     int rc = check_cached(c, logical, "pin");

@@ -236,6 +236,11 @@ int kvd_core_cache_find(const kvd_core_t *c, const uint8_t hash[KVD_HASH_BYTES],
  * (immutable, unbound). Errors: INVALID_ARGUMENT, NOT_FOUND (not cached), FAILED_PRECONDITION
  * (pinned: unpin first). */
 int kvd_core_cache_evict(kvd_core_t *c, uint32_t logical);
+/* Set the cache quota of format f at run time: `pages` cache entries at most, 0 or anything
+ * above the pool size meaning the pool size. Unreferenced entries over the new quota are
+ * evicted at once, LRU first (referenced and pinned entries stay; the quota is then enforced as
+ * they drop). Errors: INVALID_ARGUMENT (format). */
+int kvd_core_set_cache_quota(kvd_core_t *c, kv_fmt_t f, uint64_t pages);
 /* Pin / unpin a cached page (pin refs are counted; pinned = off the LRU, never evicted).
  * Errors: INVALID_ARGUMENT, NOT_FOUND (not cached), FAILED_PRECONDITION (unpin of unpinned). */
 int kvd_core_pin(kvd_core_t *c, uint32_t logical);

@@ -36,6 +36,7 @@
 #include "kvproto.h"
 #include "log.h"
 #include "metrics.h"
+#include "util.h"
 #include "zap.h"
 
 #define KVD_MAX_FRAMES 4
@@ -1006,6 +1007,10 @@ static void kvd_server_apply_config(kvd_server_t *s)
     kvd_log_set_level(s->cfg->log_level);
     s->lim.max_alloc = (uint32_t)s->cfg->max_alloc;
     s->lim.max_tokens = (uint32_t)s->cfg->max_tokens;
+    if (s->core) /* the table's bounds were checked; only the format could fail */
+        for (int f = 0; f < KV_FMT_COUNT; f++)
+            KVD_ASSERT(kvd_core_set_cache_quota(s->core, (kv_fmt_t)f, s->cfg->cache_quota) ==
+                       KV_ERR_OK);
     if (uv_is_active((uv_handle_t *)&s->epoch_timer))
         uv_timer_set_repeat(&s->epoch_timer, s->cfg->epoch_ms);
     if (uv_is_active((uv_handle_t *)&s->lease_timer))
@@ -1114,9 +1119,7 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
                    .seed = cfg->seed};
     kvd_core_opts_t o;
     kvd_core_opts_default(&o, &g, (uint32_t)cfg->pages_fp8, (uint32_t)cfg->pages_tq3);
-    for (int f = 0; f < KV_FMT_COUNT; f++)
-        if (cfg->cache_quota && cfg->cache_quota < o.pages[f])
-            o.cache_quota_pages[f] = (uint32_t)cfg->cache_quota;
+    /* cache_quota is applied with the other runtime-mutable keys (kvd_server_apply_config) */
     /* The namespace salt keys the chain hash; it is random per start because the cache is not
      * persisted yet (a persisted cache will persist its salt with it). */
     randombytes_buf(o.hash_key, sizeof o.hash_key);

@@ -138,11 +138,62 @@ static void test_admin_evict_all_keeps_pinned(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* cache_quota is runtime-mutable: lowering it evicts unreferenced entries at once, LRU first,
+ * never a pinned or referenced one; raising it (0 = the pool) evicts nothing. */
+static void test_runtime_cache_quota(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = itest_connect(&k, "quota");
+    uint32_t p1[4], p2[4], p3[4];
+    seal_prompt(c, 1000, p1);
+    seal_prompt(c, 2000, p2);
+    seal_prompt(c, 3000, p3);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 12);
+    /* hold P1's first page (referenced: off the LRU) and pin P2's last */
+    uint32_t tok[PT], got[1];
+    for (uint32_t i = 0; i < PT; i++)
+        tok[i] = 1000 + i;
+    size_t n = 0;
+    assert_int_equal(kvc_lookup(c, tok, PT, NULL, 0, 0, got, 1, &n, NULL), KV_ERR_OK);
+    assert_int_equal(n, 1);
+    char out[4096], id[16];
+    snprintf(id, sizeof id, "%u", p2[3]);
+    const char *pin[] = {"cache", "pin", id, NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, pin), 0);
+
+    const char *set4[] = {"config", "set", "cache_quota", "4", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, set4), 0);
+    /* 10 entries on the LRU; 8 go, oldest first: P1's pages 2-4, P2's 1-3, P3's first two */
+    assert_int_equal(itest_stat(&k, "cache_entries"), 4);
+    assert_int_equal(itest_stat(&k, "evictions_quota"), 8);
+    assert_int_equal(cached_prefix(c, 1000), 1); /* held page survived, its successor did not */
+    assert_int_equal(cached_prefix(c, 2000), 0); /* P2's pinned last page is unreachable... */
+    snprintf(id, sizeof id, "%u", p2[3]);
+    const char *page[] = {"--json", "page", id, NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, page), 0);
+    if (!strstr(out, "cache=1 pins=1")) /* ...but still cached */
+        fail_msg("pinned page not cached: %s", out);
+    assert_int_equal(cached_prefix(c, 3000), 0); /* P3's head page was evicted */
+
+    const char *set0[] = {"config", "set", "cache_quota", "0", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, set0), 0);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 4);
+    const char *bad[] = {"config", "set", "cache_quota", "-1", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, bad), 1);
+    assert_int_equal(kvc_release(c, got, 1), KV_ERR_OK);
+    itest_assert_check(&k);
+    kvc_close(&c);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exhaustion_eviction_order_and_pins),
         cmocka_unit_test(test_admin_evict_all_keeps_pinned),
+        cmocka_unit_test(test_runtime_cache_quota),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
