@@ -45,16 +45,25 @@ static size_t cached_prefix(kvc_t *c, uint32_t base)
     return n;
 }
 
+/* A fresh daemon and client with prompts P1, P2, P3 (tokens from 1000, 2000, 3000) sealed and
+ * released in that order: 12 cached entries on the LRU, P1's oldest. */
+static kvc_t *start_with_three_prompts(itest_kvd_t *k, const char *name, uint32_t p1[4],
+                                       uint32_t p2[4], uint32_t p3[4])
+{
+    itest_kvd_start(k, NULL);
+    kvc_t *c = itest_connect(k, name);
+    seal_prompt(c, 1000, p1);
+    seal_prompt(c, 2000, p2);
+    seal_prompt(c, 3000, p3);
+    return c;
+}
+
 static void test_exhaustion_eviction_order_and_pins(void **state)
 {
     (void)state;
     itest_kvd_t k;
-    itest_kvd_start(&k, NULL);
-    kvc_t *c = itest_connect(&k, "exhaust");
     uint32_t p1[4], p2[4], p3[4];
-    seal_prompt(c, 1000, p1);
-    seal_prompt(c, 2000, p2);
-    seal_prompt(c, 3000, p3);
+    kvc_t *c = start_with_three_prompts(&k, "exhaust", p1, p2, p3);
     /* touch P1: lookup (acquire) + release makes it the most recently used */
     uint32_t tok[4 * PT], got[4];
     for (uint32_t i = 0; i < 4 * PT; i++)
@@ -144,12 +153,8 @@ static void test_runtime_cache_quota(void **state)
 {
     (void)state;
     itest_kvd_t k;
-    itest_kvd_start(&k, NULL);
-    kvc_t *c = itest_connect(&k, "quota");
     uint32_t p1[4], p2[4], p3[4];
-    seal_prompt(c, 1000, p1);
-    seal_prompt(c, 2000, p2);
-    seal_prompt(c, 3000, p3);
+    kvc_t *c = start_with_three_prompts(&k, "quota", p1, p2, p3);
     assert_int_equal(itest_stat(&k, "cache_entries"), 12);
     /* hold P1's first page (referenced: off the LRU) and pin P2's last */
     uint32_t tok[PT], got[1];
