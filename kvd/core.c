@@ -559,6 +559,9 @@ int kvd_core_convert(kvd_core_t *c, uint32_t logical, kv_fmt_t dst)
     if (c->pool[dst].n == 0)
         return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "convert: no %s pool configured",
                          kvd_fmt_name(dst));
+    /* Latency on the real clock, not the injected one (which only ages pages). */
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = kvd__ensure_free(c, dst, 1, logical);
     if (rc != KV_ERR_OK)
         return rc;
@@ -597,10 +600,17 @@ int kvd_core_convert(kvd_core_t *c, uint32_t logical, kv_fmt_t dst)
     kvd__phys_retire(c, src, src_phys, KVD_NONE, c->epoch + 1);
     p->conv--;
     kvd__refs_changed(c, logical);
-    if (dst == KV_FMT_TQ3)
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    uint64_t ns = (uint64_t)((int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 +
+                             (t1.tv_nsec - t0.tv_nsec));
+    if (dst == KV_FMT_TQ3) {
         c->st.retiers++;
-    else
+        c->st.retier_ns += ns;
+    } else {
         c->st.promotes++;
+        c->st.promote_ns += ns;
+    }
     kvd__cache_enforce_quota(c, dst);
     kvd__epoch_publish(c);
     return KV_ERR_OK;

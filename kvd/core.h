@@ -197,6 +197,14 @@ typedef struct kvd_seq_page_s {
 int kvd_core_seq_pages(const kvd_core_t *c, uint64_t seq, kvd_seq_page_t *out, uint32_t max,
                        uint32_t *n_out, uint64_t *sid_out);
 
+/* Call fn for every live sequence (order unspecified): its id, owning session, and its pages
+ * in order with their append times. lids[n] and appended_ns[n] are borrowed from the core and
+ * valid only during the call. fn may call const (read-only) core functions, nothing else.
+ * The lifecycle controller walks positions with it without copying block tables. */
+typedef void (*kvd_seq_visit_fn)(uint64_t seq, uint64_t sid, const uint32_t *lids,
+                                 const uint64_t *appended_ns, uint32_t n, void *ud);
+void kvd_core_seq_foreach(const kvd_core_t *c, kvd_seq_visit_fn fn, void *ud);
+
 /* ---- cache admin (kvctl) ----------------------------------------------------------------- */
 typedef enum kvd_page_state_e {
     KVD_PAGE_FREE = 0,
@@ -254,7 +262,9 @@ int kvd_core_unpin(kvd_core_t *c, uint32_t logical);
  * controller, tests, kvctl) must only convert pages no client still writes: SEALED pages or
  * OPEN pages outside every sequence's Recent window. Errors: INVALID_ARGUMENT (id, dst,
  * dst == current), FAILED_PRECONDITION (page not OPEN/SEALED), RESOURCE_EXHAUSTED (no dst
- * page), DEVICE (backend failed: source kept, target freed). */
+ * page), DEVICE (backend failed: source kept, target freed). Blocking: returns after the
+ * backend's sync; the time spent (allocation, conversion and wait, real clock) is added to the
+ * retier_ns / promote_ns counters of a published conversion. */
 int kvd_core_convert(kvd_core_t *c, uint32_t logical, kv_fmt_t dst);
 
 /* ---- epochs and collection --------------------------------------------------------------- */

@@ -333,6 +333,15 @@ int kvd_core_seq_pages(const kvd_core_t *c, uint64_t seq, kvd_seq_page_t *out, u
     return KV_ERR_OK;
 }
 
+void kvd_core_seq_foreach(const kvd_core_t *c, kvd_seq_visit_fn fn, void *ud)
+{
+    uint64_t pos = 0, k, v;
+    while (kvd_map_next(&c->seqs, &pos, &k, &v)) {
+        const kvd_seq_t *q = (const kvd_seq_t *)(uintptr_t)v;
+        fn(q->id, q->sid, q->lids, q->ts, q->n, ud);
+    }
+}
+
 uint32_t kvd__loose_first_missing(const kvd_core_t *c, kvd_session_t *s, const uint32_t *ids,
                                   uint32_t n)
 {

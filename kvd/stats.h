@@ -7,6 +7,8 @@
  * KIND is COUNTER (monotone since start) or GAUGE (a current value). The struct below, the
  * Prometheus output of the daemon (metric kvd_<field>, per-format ones with label
  * format="fp8"|"tq3") and kvctl's listing all iterate these tables; nothing else lists stats.
+ * The lifecycle_* figures belong to the lifecycle controller (lifecycle.h), not the core:
+ * kvd_core_stats leaves them 0 and kvd_lc_stats fills them in.
  */
 #ifndef KVD_STATS_H
 #define KVD_STATS_H
@@ -46,10 +48,23 @@
     XX(retiers, COUNTER, "FP8 -> TQ3 conversions published")                                       \
     XX(promotes, COUNTER, "TQ3 -> FP8 conversions published")                                     \
     XX(conversion_failures, COUNTER, "conversions that failed (source kept)")                      \
+    XX(retier_ns, COUNTER, "ns spent in published FP8 -> TQ3 conversions, wait included "        \
+                           "(divide by retiers for the mean)")                                     \
+    XX(promote_ns, COUNTER, "ns spent in published TQ3 -> FP8 conversions, wait included")        \
     XX(retired_pages, COUNTER, "physical pages put on the retire list")                            \
     XX(collected_pages, COUNTER, "retired physical pages returned to a free list")                 \
     XX(logical_free, GAUGE, "free logical page ids")                                               \
-    XX(logical_total, GAUGE, "logical page ids (directory entries)")
+    XX(logical_total, GAUGE, "logical page ids (directory entries)")                              \
+    XX(lifecycle_ticks, COUNTER, "lifecycle controller ticks run (0 while lifecycle_ms = 0)")     \
+    XX(lifecycle_tick_ns, COUNTER, "ns spent in lifecycle ticks, conversions included")           \
+    XX(lifecycle_tick_ns_max, GAUGE, "longest lifecycle tick since start, in ns")                 \
+    XX(lifecycle_window, GAUGE, "effective Recent window in pages (recent_pages, less when the "  \
+                                "FP8 pool is under pressure)")                                     \
+    XX(lifecycle_window_shrinks, COUNTER, "times FP8 pressure halved the Recent window")          \
+    XX(lifecycle_backlog, GAUGE, "conversions the last tick wanted but left for later ticks")     \
+    XX(lifecycle_skipped_tq3_full, COUNTER, "ticks whose retiers stopped: TQ3 pool full and "     \
+                                            "nothing evictable (pages stay FP8)")                  \
+    XX(lifecycle_skipped_fp8_full, COUNTER, "ticks whose promotes stopped: no FP8 page free")
 
 #define KVD_STATS_FMT_MAP(XX)                                                                      \
     XX(pages_total, GAUGE, "physical pages in the pool")                                          \

@@ -1,5 +1,6 @@
 /* test_core.c — kvd/core.c and kvd/session.c as a whole: session close reclaims request refs,
- * frees unsealed pages and keeps sealed ones cached; sequences and their ages; the stats
+ * frees unsealed pages and keeps sealed ones cached; sequences, their ages and their
+ * enumeration (kvd_core_seq_foreach, the lifecycle controller's walk); the stats
  * table; the fault-injection loop (fail the N-th allocation for N = 1.. until an operation
  * succeeds: each failure must leave the state unchanged and nothing leaked); kvd_core_check
  * noticing deliberately corrupted state; the host backend's export (sizes, seals).
@@ -97,6 +98,65 @@ static void test_sequences(void **state)
     assert_int_equal(kvd_core_seq_close(c, a, q), KV_ERR_NOT_FOUND);
     assert_int_equal(fx_stats(c).pages_retired[KV_FMT_FP8], 3);
     FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
+/* kvd_core_seq_foreach: every live sequence once, with its owner and its pages in order. */
+typedef struct seen_s {
+    int n;
+    uint64_t seq[4], sid[4];
+    uint32_t npages[4], first[4];
+    uint64_t first_ts[4];
+} seen_t;
+
+static void seen_cb(uint64_t seq, uint64_t sid, const uint32_t *lids, const uint64_t *ts,
+                    uint32_t n, void *ud)
+{
+    seen_t *s = ud;
+    assert_true(s->n < 4);
+    s->seq[s->n] = seq, s->sid[s->n] = sid, s->npages[s->n] = n;
+    s->first[s->n] = n ? lids[0] : KVD_NONE;
+    s->first_ts[s->n] = n ? ts[0] : 0;
+    s->n++;
+}
+
+static void test_seq_foreach(void **state)
+{
+    kvd_core_t *c = fx_core();
+    uint64_t a, b, qa, qb, qe;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    FX_OK(kvd_core_session_open(c, 2, 0, &b));
+    FX_OK(kvd_core_seq_open(c, a, &qa));
+    FX_OK(kvd_core_seq_open(c, b, &qb));
+    FX_OK(kvd_core_seq_open(c, b, &qe)); /* empty sequences are visited too */
+    uint32_t ids[3];
+    FX_OK(kvd_core_alloc(c, a, 2, ids));
+    FX_OK(kvd_core_alloc(c, b, 1, ids + 2));
+    FX_OK(kvd_core_seq_append(c, a, qa, ids, 2));
+    FX_OK(kvd_core_seq_append(c, b, qb, ids + 2, 1));
+    seen_t s = {0};
+    kvd_core_seq_foreach(c, seen_cb, &s);
+    assert_int_equal(s.n, 3);
+    int got = 0;
+    for (int i = 0; i < s.n; i++) {
+        kvd_seq_page_t sp;
+        uint32_t n;
+        uint64_t owner;
+        FX_OK(kvd_core_seq_pages(c, s.seq[i], &sp, 1, &n, &owner));
+        assert_int_equal(s.sid[i], owner);
+        assert_int_equal(s.npages[i], n);
+        if (n) {
+            assert_int_equal(s.first[i], sp.logical);
+            assert_int_equal(s.first_ts[i], sp.appended_ns);
+        }
+        got |= s.seq[i] == qa ? 1 : s.seq[i] == qb ? 2 : s.seq[i] == qe ? 4 : 8;
+    }
+    assert_int_equal(got, 7);
+    FX_OK(kvd_core_session_close(c, b)); /* closes qb and qe */
+    s.n = 0;
+    kvd_core_seq_foreach(c, seen_cb, &s);
+    assert_int_equal(s.n, 1);
+    assert_int_equal(s.seq[0], qa);
     kvd_core_free(&c);
 }
 
@@ -296,6 +356,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_session_close_reclaims),
         cmocka_unit_test(test_sequences),
+        cmocka_unit_test(test_seq_foreach),
         cmocka_unit_test(test_stats_table),
         cmocka_unit_test(test_fault_injection),
         cmocka_unit_test(test_init_fault_injection),
