@@ -43,6 +43,18 @@
        "ZMQ_MAXMSGSIZE of the control socket (0: unlimited)")                                      \
     XX(max_alloc, U64, 1, 1048576, "", "4096", 1, "max pages in one alloc request")                \
     XX(max_tokens, U64, 1, 67108864, "", "1048576", 1, "max tokens in one lookup request")         \
+    XX(lifecycle_ms, U64, 0, 3600000, "", "100", 1,                                                \
+       "period of the lifecycle controller (retier/promote) in ms (0: off)")                       \
+    XX(recent_pages, U64, 1, 16777216, "", "32", 1,                                                \
+       "Recent window: the last N pages of each sequence stay FP8")                                \
+    XX(anchor_pages, U64, 0, 16777216, "", "1", 1,                                                 \
+       "Anchor sinks: the first N pages of each sequence stay FP8")                                \
+    XX(retier_batch, U64, 1, 65536, "", "8", 1,                                                    \
+       "max conversions per lifecycle tick (each one blocks the loop)")                            \
+    XX(fp8_low_watermark, U64, 0, 100, "", "10", 1,                                                \
+       "FP8 free+evictable+retiring pages below this % of the pool halve the Recent window")       \
+    XX(cache_retier_ms, U64, 0, 604800000, "", "0", 1,                                             \
+       "sealed FP8 pages cached but unused this long go TQ3 (0: never, LRU eviction only)")        \
     XX(metrics_port, U64, 0, 65535, "", "0", 0, "Prometheus HTTP port (0: off)")                   \
     XX(metrics_addr, STR, 0, 0, "", "127.0.0.1", 0, "address the metrics port binds")              \
     XX(log_level, STR, 0, 0, "error|warn|info|debug", "info", 1, "log verbosity")

@@ -34,6 +34,7 @@
 #include "core.h"
 #include "fdpass.h"
 #include "kvproto.h"
+#include "lifecycle.h"
 #include "log.h"
 #include "metrics.h"
 #include "util.h"
@@ -75,7 +76,10 @@ struct kvd_server_s {
     uv_poll_t fds_poll;
     char fds_path[256];
     char sock_path[256];
-    uv_timer_t epoch_timer, lease_timer;
+    uv_timer_t epoch_timer, lease_timer, lifecycle_timer;
+    kvd_lc_t *lc;             /* lifecycle controller (lifecycle.h); ticks on lifecycle_timer */
+    uint64_t lc_period_ms;    /* period lifecycle_timer runs at; 0 = stopped */
+    uint32_t lc_window;       /* last Recent window logged */
     kvd_http_t http;
     kvd_sess_t *sessions;
     uint32_t nsessions;
@@ -97,6 +101,14 @@ static uint64_t kvd_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The core's figures plus the lifecycle controller's (stats.h lifecycle_*): what status,
+ * metrics and kvctl show. */
+static void kvd_server_stats(kvd_server_t *s, kvd_stats_t *st)
+{
+    kvd_core_stats(s->core, st);
+    kvd_lc_stats(s->lc, st);
 }
 
 /* ---- arena ------------------------------------------------------------------------------- */
@@ -511,7 +523,7 @@ static kv_err_t kvd_op_status(kvd_req_ctx_t *c)
 {
     kvd_server_t *s = c->s;
     kvd_stats_t st;
-    kvd_core_stats(s->core, &st);
+    kvd_server_stats(s, &st);
     KVD_BODY(c, Kvd__StatusRep, KVD__STATUS_REP__INIT, status_rep, STATUS_REP);
     b_->version = ar_strdup(s, "kvd 0.1.0 protocol 1");
     b_->uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000u;
@@ -1002,6 +1014,45 @@ static void kvd_lease_cb(uv_timer_t *t)
     }
 }
 
+/* One lifecycle tick: plan + at most retier_batch conversions, each BLOCKING the loop until
+ * the backend is done (CPU twin on host; kernel + stream sync on cuda). Logs what an operator
+ * must know once, not every tick. */
+static void kvd_lifecycle_cb(uv_timer_t *t)
+{
+    kvd_server_t *s = t->data;
+    kvd_lc_result_t r;
+    if (kvd_lc_tick(s->lc, s->core, kvd_now_ns(), &r) != KV_ERR_OK)
+        return; /* cannot fail today (planning allocates nothing); next tick retries */
+    if (r.tq3_full_new)
+        KVD_LOGW("lifecycle: TQ3 pool full and nothing evictable: Stale pages stay FP8 until "
+                 "TQ3 space frees (counted in lifecycle_skipped_tq3_full): %s", r.msg);
+    if (r.failures)
+        KVD_LOGW("lifecycle: %u conversions failed, sources kept: %s", r.failures, r.msg);
+    kvd_stats_t st;
+    memset(&st, 0, sizeof st);
+    kvd_lc_stats(s->lc, &st);
+    if (st.lifecycle_window != s->lc_window) {
+        KVD_LOGI("lifecycle: Recent window %u -> %" PRIu64 " pages (%s)", s->lc_window,
+                 st.lifecycle_window,
+                 st.lifecycle_window < s->lc_window ? "FP8 pool under pressure"
+                                                    : "FP8 pressure gone");
+        s->lc_window = (uint32_t)st.lifecycle_window;
+    }
+    if (r.retiered || r.promoted)
+        KVD_LOGD("lifecycle tick: %u retiers, %u promotes, backlog %" PRIu64 ", %.3f ms",
+                 r.retiered, r.promoted, st.lifecycle_backlog, (double)r.tick_ns / 1e6);
+}
+
+static void kvd_lifecycle_params(const kvd_config_t *cfg, kvd_lc_params_t *p)
+{
+    kvd_lc_params_default(p);
+    p->recent_pages = (uint32_t)cfg->recent_pages;
+    p->anchor_pages = (uint32_t)cfg->anchor_pages;
+    p->batch = (uint32_t)cfg->retier_batch;
+    p->fp8_low_pct = (uint32_t)cfg->fp8_low_watermark;
+    p->cache_retier_ns = cfg->cache_retier_ms * 1000000ull;
+}
+
 static void kvd_server_apply_config(kvd_server_t *s)
 {
     kvd_log_set_level(s->cfg->log_level);
@@ -1015,6 +1066,21 @@ static void kvd_server_apply_config(kvd_server_t *s)
         uv_timer_set_repeat(&s->epoch_timer, s->cfg->epoch_ms);
     if (uv_is_active((uv_handle_t *)&s->lease_timer))
         uv_timer_set_repeat(&s->lease_timer, s->cfg->lease_ms / 4 ? s->cfg->lease_ms / 4 : 1);
+    if (s->lc) {
+        kvd_lc_params_t p;
+        kvd_lifecycle_params(s->cfg, &p);
+        /* the table's bounds are the controller's (recent_pages, retier_batch ≥ 1, ≤ 100%) */
+        KVD_ASSERT(kvd_lc_set_params(s->lc, &p) == KV_ERR_OK);
+        s->lc_window = p.recent_pages;
+    }
+    /* lifecycle_ms: 0 stops the controller, anything else (re)starts it at that period */
+    if (s->lifecycle_timer.loop && !s->stopping && s->cfg->lifecycle_ms != s->lc_period_ms) {
+        uv_timer_stop(&s->lifecycle_timer);
+        s->lc_period_ms = s->cfg->lifecycle_ms;
+        if (s->lc_period_ms)
+            uv_timer_start(&s->lifecycle_timer, kvd_lifecycle_cb, s->lc_period_ms,
+                           s->lc_period_ms);
+    }
 }
 
 /* ---- metrics ----------------------------------------------------------------------------- */
@@ -1022,7 +1088,7 @@ static int kvd_render_metrics(void *ud, char **out)
 {
     kvd_server_t *s = ud;
     kvd_stats_t st;
-    kvd_core_stats(s->core, &st);
+    kvd_server_stats(s, &st);
     kvd_metrics_extra_t x;
     memset(&x, 0, sizeof x);
     uint64_t now = kvd_now_ns();
@@ -1060,6 +1126,7 @@ static void kvd_server_close_handles(kvd_server_t *s)
     kvd_close_if_open((uv_handle_t *)&s->fds_poll);
     kvd_close_if_open((uv_handle_t *)&s->epoch_timer);
     kvd_close_if_open((uv_handle_t *)&s->lease_timer);
+    kvd_close_if_open((uv_handle_t *)&s->lifecycle_timer);
     kvd_close_if_open((uv_handle_t *)&s->zap.poll);
     kvd_http_stop(&s->http);
     for (kvd_sess_t *x = s->sessions; x; x = x->next)
@@ -1126,6 +1193,12 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
     o.backend = cfg->backend;
     if (kvd_core_init(&s->core, &o, err, errlen) != KV_ERR_OK)
         goto fail;
+    kvd_lc_params_t lp;
+    kvd_lifecycle_params(cfg, &lp);
+    if (kvd_lc_init(&s->lc, s->core, &lp) != KV_ERR_OK) {
+        snprintf(err, errlen, "out of memory for the lifecycle controller");
+        goto fail;
+    }
     const kvd_export_t *ex = kvd_core_export(s->core);
 
     kvp_limits_default(&s->lim);
@@ -1190,6 +1263,9 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
     s->lease_timer.data = s;
     uint64_t lt = cfg->lease_ms / 4 ? cfg->lease_ms / 4 : 1;
     uv_timer_start(&s->lease_timer, kvd_lease_cb, lt, lt);
+    uv_timer_init(loop, &s->lifecycle_timer);
+    s->lifecycle_timer.data = s;
+    kvd_server_apply_config(s); /* starts the lifecycle timer unless lifecycle_ms = 0 */
     if (cfg->metrics_port &&
         kvd_http_start(&s->http, loop, cfg->metrics_addr, (int)cfg->metrics_port,
                        kvd_render_metrics, s, err, errlen) != 0)
@@ -1243,6 +1319,7 @@ void kvd_server_free(kvd_server_t **ps)
     }
     if (s->sock_path[0] && s->router)
         unlink(s->sock_path);
+    kvd_lc_free(&s->lc);
     kvd_core_free(&s->core);
     ar_reset(s);
     free(s->sendbuf);

@@ -46,7 +46,9 @@ static const char *const keys[] = {"endpoint", "backend", "namespace", "layers",
                                    "head_dim", "page_tokens", "seed", "pages_fp8", "pages_tq3",
                                    "cache_quota", "admit_uids", "admit_gids", "lease_ms",
                                    "epoch_ms", "max_msg_bytes", "max_alloc", "max_tokens",
-                                   "metrics_port", "metrics_addr", "log_level", NULL};
+                                   "metrics_port", "metrics_addr", "log_level", "lifecycle_ms",
+                                   "recent_pages", "anchor_pages", "retier_batch",
+                                   "fp8_low_watermark", "cache_retier_ms", NULL};
 
 static void test_help_and_check_config(void **state)
 {
