@@ -134,10 +134,11 @@ int kvd_lc_set_params(kvd_lc_t *lc, const kvd_lc_params_t *p)
 {
     if (!lc || !params_valid(p))
         return KV_ERR_INVALID_ARGUMENT;
+    /* An operator who sets a new window means that window now (pressure shrinks it again on
+     * the next tick if it must); any other change keeps the pressure state. */
+    if (p->recent_pages != lc->p.recent_pages)
+        lc->window = p->recent_pages;
     lc->p = *p;
-    /* An operator who sets the window means that window now; pressure shrinks it again on the
-     * next tick if it must. */
-    lc->window = p->recent_pages;
     return KV_ERR_OK;
 }
 

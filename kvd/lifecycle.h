@@ -104,8 +104,8 @@ void kvd_lc_params_default(kvd_lc_params_t *p);
 int kvd_lc_init(kvd_lc_t **out, const kvd_core_t *c, const kvd_lc_params_t *p);
 /* Free; *lc = NULL. NULL-safe. */
 void kvd_lc_free(kvd_lc_t **lc);
-/* Change params at run time (kvctl config set). The effective window restarts from
- * recent_pages. Errors: INVALID_ARGUMENT (recent_pages or batch 0, fp8_low_pct > 100;
+/* Change params at run time (kvctl config set). A new recent_pages restarts the effective
+ * window from it; other changes keep the current (maybe shrunk) window. Errors: INVALID_ARGUMENT (recent_pages or batch 0, fp8_low_pct > 100;
  * params unchanged). */
 int kvd_lc_set_params(kvd_lc_t *lc, const kvd_lc_params_t *p);
 void kvd_lc_get_params(const kvd_lc_t *lc, kvd_lc_params_t *p);

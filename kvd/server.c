@@ -1071,7 +1071,10 @@ static void kvd_server_apply_config(kvd_server_t *s)
         kvd_lifecycle_params(s->cfg, &p);
         /* the table's bounds are the controller's (recent_pages, retier_batch ≥ 1, ≤ 100%) */
         KVD_ASSERT(kvd_lc_set_params(s->lc, &p) == KV_ERR_OK);
-        s->lc_window = p.recent_pages;
+        kvd_stats_t st;
+        memset(&st, 0, sizeof st);
+        kvd_lc_stats(s->lc, &st);
+        s->lc_window = (uint32_t)st.lifecycle_window; /* log only changes pressure makes */
     }
     /* lifecycle_ms: 0 stops the controller, anything else (re)starts it at that period */
     if (s->lifecycle_timer.loop && !s->stopping && s->cfg->lifecycle_ms != s->lc_period_ms) {

@@ -472,6 +472,15 @@ static void test_pressure_shrinks_window(void **state)
     st = lc_stats(c, lc);
     assert_int_equal(st.lifecycle_window, 1);
     assert_int_equal(st.lifecycle_window_shrinks - shrinks0, 3); /* 8 → 4 → 2 → 1 */
+    /* an unrelated change keeps the shrunk window; a new recent_pages restarts from it */
+    p.batch = 5;
+    FX_OK(kvd_lc_set_params(lc, &p));
+    assert_int_equal(lc_stats(c, lc).lifecycle_window, 1);
+    p.recent_pages = 6;
+    FX_OK(kvd_lc_set_params(lc, &p));
+    assert_int_equal(lc_stats(c, lc).lifecycle_window, 6);
+    p.recent_pages = 8;
+    FX_OK(kvd_lc_set_params(lc, &p));
     /* bad parameters are refused and change nothing */
     p.recent_pages = 0;
     assert_int_equal(kvd_lc_set_params(lc, &p), KV_ERR_INVALID_ARGUMENT);
