@@ -210,6 +210,39 @@ static int cand_cmp(const void *a, const void *b)
     return x->lid < y->lid ? -1 : x->lid > y->lid;
 }
 
+/* Passes 1-3 for window w: fills lc->cand; returns how many are Stale retiers. */
+static uint32_t collect(kvd_lc_t *lc, const kvd_core_t *c, uint32_t w, uint64_t now)
+{
+    plan_ctx_t x = {.lc = lc, .window = w, .anchor = lc->p.anchor_pages, .now = now};
+    uint32_t stale = 0;
+    lc->ntouched = 0;
+    lc->ncand = 0;
+    kvd_core_seq_foreach(c, visit_seq, &x);
+    /* Pass 2: decide each page held by a sequence. */
+    for (uint32_t i = 0; i < lc->ntouched; i++) {
+        uint32_t lid = lc->touched[i];
+        kvd_page_info_t pi;
+        KVD_ASSERT(kvd_core_page_info(c, lid, &pi) == KV_ERR_OK);
+        if (pi.state != KVD_PAGE_SEALED) /* OPEN: its client is still writing it */
+            continue;
+        uint8_t t = lc->tier[lid];
+        if ((t >= TIER_RECENT || pi.pins) && pi.fmt == KV_FMT_TQ3) {
+            add_cand(lc, lid, KV_FMT_FP8,
+                     pi.pins ? KVD_LC_WHY_PINNED
+                             : t == TIER_ANCHOR ? KVD_LC_WHY_ANCHOR : KVD_LC_WHY_RECENT,
+                     0);
+        } else if (t == TIER_STALE && !pi.pins && pi.fmt == KV_FMT_FP8 && pi.req_loose == 0) {
+            add_cand(lc, lid, KV_FMT_TQ3, KVD_LC_WHY_STALE, lc->since[lid]);
+            stale++;
+        }
+    }
+    kvd_core_cache_foreach(c, visit_cache, &x);
+    for (uint32_t i = 0; i < lc->ntouched; i++)
+        lc->tier[lc->touched[i]] = TIER_NONE;
+    lc->ntouched = 0;
+    return stale;
+}
+
 int kvd_lc_plan(kvd_lc_t *lc, const kvd_core_t *c, uint64_t now_ns, kvd_lc_plan_t *plan)
 {
     if (!lc || !c || !plan)
@@ -229,40 +262,19 @@ int kvd_lc_plan(kvd_lc_t *lc, const kvd_core_t *c, uint64_t now_ns, kvd_lc_plan_
         w = W;
     plan->window_before = lc->window;
     plan->pressure = avail < low;
-    /* Halve at most once per tick, and only once the last tick's work is done: shrinking
-     * while conversions are still queued lengthens the queue without freeing a page sooner. */
-    if (plan->pressure && w > 1 && lc->backlog == 0)
-        w /= 2;
-    else if (!plan->pressure && avail >= high && w < W)
-        w = w > W / 2 ? W : 2 * w;
-    plan->window = w;
     plan->fp8_avail = avail;
     plan->fp8_low = low;
-
-    plan_ctx_t x = {.lc = lc, .window = w, .anchor = lc->p.anchor_pages, .now = now_ns};
-    lc->ntouched = 0;
-    lc->ncand = 0;
-    kvd_core_seq_foreach(c, visit_seq, &x);
-    /* Pass 2: decide each page held by a sequence. */
-    for (uint32_t i = 0; i < lc->ntouched; i++) {
-        uint32_t lid = lc->touched[i];
-        kvd_page_info_t pi;
-        KVD_ASSERT(kvd_core_page_info(c, lid, &pi) == KV_ERR_OK);
-        if (pi.state != KVD_PAGE_SEALED) /* OPEN: its client is still writing it */
-            continue;
-        uint8_t t = lc->tier[lid];
-        if ((t >= TIER_RECENT || pi.pins) && pi.fmt == KV_FMT_TQ3)
-            add_cand(lc, lid, KV_FMT_FP8,
-                     pi.pins ? KVD_LC_WHY_PINNED
-                             : t == TIER_ANCHOR ? KVD_LC_WHY_ANCHOR : KVD_LC_WHY_RECENT,
-                     0);
-        else if (t == TIER_STALE && !pi.pins && pi.fmt == KV_FMT_FP8 && pi.req_loose == 0)
-            add_cand(lc, lid, KV_FMT_TQ3, KVD_LC_WHY_STALE, lc->since[lid]);
-    }
-    kvd_core_cache_foreach(c, visit_cache, &x);
-    for (uint32_t i = 0; i < lc->ntouched; i++)
-        lc->tier[lc->touched[i]] = TIER_NONE;
-    lc->ntouched = 0;
+    if (!plan->pressure && avail >= high && w < W)
+        w = w > W / 2 ? W : 2 * w;
+    uint32_t stale = collect(lc, c, w, now_ns);
+    /* Under pressure the window halves (once per tick, never below 1) only when the current
+     * window has no Stale work left and the halved one has some: shrinking while retiers are
+     * queued, or when no sequence is long enough for it to matter, frees nothing sooner. The
+     * halved plan has the same non-Stale candidates except Recent promotes, and there are
+     * none under pressure, so keeping it when it finds no Stale page is keeping the first. */
+    if (plan->pressure && w > 1 && stale == 0 && collect(lc, c, w / 2, now_ns) > 0)
+        w /= 2;
+    plan->window = w;
 
     qsort(lc->cand, lc->ncand, sizeof(*lc->cand), cand_cmp);
     /* Promotes only out of the headroom above the high mark (none under pressure). */

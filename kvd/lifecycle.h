@@ -16,9 +16,11 @@
  *   for cache_retier_ns (0 = never: it stays FP8 until evicted).
  *   Only SEALED pages are converted: OPEN pages are still being written by their client.
  *
- * Pressure: avail = FP8 free + FP8 evictable (cache-only) pages. avail < low (fp8_low_pct of
- * the pool) halves the Recent window (never below 1), so more pages go Stale; avail ≥ 2·low
- * doubles it back up to recent_pages. Promotions need an FP8 page each, so they are planned
+ * Pressure: avail = FP8 free + evictable (cache-only) + retiring pages. avail < low
+ * (fp8_low_pct of the pool) halves the Recent window, so more pages go Stale: at most once per
+ * tick, never below 1, and only when the current window has no Stale work left and the halved
+ * one has some (otherwise shrinking frees nothing sooner). avail ≥ 2·low doubles it back up to
+ * recent_pages. Promotions need an FP8 page each, so they are planned
  * only out of the headroom above 2·low (none under pressure): a grown window cannot promote
  * the pool straight back into pressure, which is what would make the two thrash. A retier
  * whose TQ3 pool is full makes the core evict unreferenced TQ3 cache entries first

@@ -1031,13 +1031,14 @@ static void kvd_lifecycle_cb(uv_timer_t *t)
     kvd_stats_t st;
     memset(&st, 0, sizeof st);
     kvd_lc_stats(s->lc, &st);
-    if (st.lifecycle_window != s->lc_window) {
-        KVD_LOGI("lifecycle: Recent window %u -> %" PRIu64 " pages (%s)", s->lc_window,
-                 st.lifecycle_window,
-                 st.lifecycle_window < s->lc_window ? "FP8 pool under pressure"
-                                                    : "FP8 pressure gone");
-        s->lc_window = (uint32_t)st.lifecycle_window;
-    }
+    /* shrinking is what an operator acts on (info); growing back is routine (debug) */
+    if (st.lifecycle_window < s->lc_window)
+        KVD_LOGI("lifecycle: FP8 pool under pressure: Recent window %u -> %" PRIu64 " pages",
+                 s->lc_window, st.lifecycle_window);
+    else if (st.lifecycle_window > s->lc_window)
+        KVD_LOGD("lifecycle: FP8 pressure gone: Recent window %u -> %" PRIu64 " pages",
+                 s->lc_window, st.lifecycle_window);
+    s->lc_window = (uint32_t)st.lifecycle_window;
     if (r.retiered || r.promoted)
         KVD_LOGD("lifecycle tick: %u retiers, %u promotes, backlog %" PRIu64 ", %.3f ms",
                  r.retiered, r.promoted, st.lifecycle_backlog, (double)r.tick_ns / 1e6);

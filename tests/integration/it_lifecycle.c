@@ -19,6 +19,9 @@
  *   5. a new sequence holding only the first 4 of them makes pages 2 and 3 Anchor/Recent:
  *      the daemon promotes them back to FP8 (promotes = 2), data still within the TQ3 bound.
  *
+ * Also: lifecycle_ms 0 / on / off through kvctl config set, and FP8 pressure halving the
+ * window (counted, logged) in a daemon with a small FP8 pool.
+ *
  * Every wait polls (the client's own directory mapping, or a status figure) with a generous
  * timeout: CI is a loaded 2-core machine.
  */
@@ -27,6 +30,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -199,6 +203,12 @@ static void test_lifecycle_retiers_and_promotes(void **state)
     assert_true(itest_stat(&k, "lifecycle_ticks") >= 2);
     assert_true(itest_stat(&k, "retier_ns") > 0);
     assert_int_equal(itest_stat(&k, "lifecycle_window"), W);
+    /* the figures reach the operator through kvctl status (the stats table drives it) */
+    static char out[65536];
+    const char *status[] = {"status", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, status), 0);
+    assert_non_null(strstr(out, "lifecycle_skipped_tq3_full"));
+    assert_non_null(strstr(out, "retier_ns"));
     /* 2. the data, decoded by the client through its own mappings */
     check_data(c, canon, NP, "in sequence");
     /* 3. no leak, and the settled state stays settled */
@@ -282,11 +292,54 @@ static void test_lifecycle_off_and_on(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* FP8 pressure in the daemon: 20 FP8 pages, watermark 80 % (16 pages), window 8. A 16-page
+ * sequence leaves 4 available: the window's own Stale pages (1..7) go first; then, still under
+ * pressure with nothing left to do, the window halves to 4 and to 2 (one step per tick), until
+ * free + retiring pages reach the watermark. Each shrink is counted and logged. */
+static void test_lifecycle_pressure(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    const char *extra[] = {"--pages_fp8",   "20", "--lifecycle_ms",      "10", "--recent_pages",
+                           "8",             "--anchor_pages", "1", "--fp8_low_watermark", "80",
+                           "--retier_batch", "16", NULL};
+    itest_kvd_start(&k, extra);
+    kvc_t *c = itest_connect(&k, "lifecycle-pressure");
+    enum { N = 16 };
+    uint32_t pages[N], canon[N], tok[N * PT];
+    for (uint32_t i = 0; i < N * PT; i++)
+        tok[i] = 70000u + i;
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, N, pages), KV_ERR_OK);
+    for (uint32_t i = 0; i < N; i++)
+        write_page(c, pages[i], i);
+    for (uint32_t i = 0; i < N; i++)
+        assert_int_equal(kvc_seal(c, pages[i], i ? canon[i - 1] : KVP_NO_PAGE, tok + i * PT, PT,
+                                  NULL, 0, &canon[i]),
+                         KV_ERR_OK);
+    uint64_t seq;
+    assert_int_equal(kvc_seq_open(c, "squeezed", &seq), KV_ERR_OK);
+    assert_int_equal(kvc_seq_append(c, seq, canon, N), KV_ERR_OK);
+    wait_formats(c, canon, "FTTTTTTTTTTTTTFF", 60000);
+    assert_true(itest_wait_stat(&k, "lifecycle_window_shrinks", 2, 60000) >= 0);
+    assert_int_equal(itest_stat(&k, "lifecycle_window"), 2);
+    assert_int_equal(itest_stat(&k, "retiers"), 13);
+    check_data(c, canon, N, "under pressure");
+    /* the shrinks are in the daemon's log (read before stop: stop removes the directory) */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "grep -q 'under pressure: Recent window 8 -> 4' %s && "
+                              "grep -q 'under pressure: Recent window 4 -> 2' %s", k.log, k.log);
+    assert_int_equal(system(cmd), 0);
+    itest_assert_check(&k);
+    kvc_close(&c);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lifecycle_retiers_and_promotes),
         cmocka_unit_test(test_lifecycle_off_and_on),
+        cmocka_unit_test(test_lifecycle_pressure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,8 @@
  * appended, a page shared by two sequences taking the most protective tier, loose holders
  * protecting a page, OPEN pages never converted, promotion of a cached TQ3 prefix that a new
  * sequence puts at Anchor / Recent positions (data still within the codec bounds), pins, FP8
- * pressure shrinking the window (never below 1) and growing it back, a full TQ3 pool (eviction
+ * pressure shrinking the window (only when that makes pages Stale, never below 1) and growing
+ * it back, a full TQ3 pool (eviction
  * first, then pages left FP8 and counted), idle cache entries, the batch bound with oldest
  * pages first, parameter checks, allocation failure at init, and a tick-time figure.
  *
@@ -425,62 +426,83 @@ static void test_pins(void **state)
 /* ---- pressure ---------------------------------------------------------------------------- */
 static void test_pressure_shrinks_window(void **state)
 {
-    /* 20 FP8 pages, low watermark 50% = 10 pages, high mark 20. */
+    /* 20 FP8 pages, low watermark 80% = 16 pages, high mark 20 (the whole pool). */
     kvd_core_t *c = lc_core(20, 40);
     uint64_t a;
     FX_OK(kvd_core_session_open(c, 1, 0, &a));
     uint32_t ids[16];
-    uint64_t q = mk_seq(c, a, 7, 16, 16, ids, 0);
-    kvd_lc_t *lc = lc_new(c, 8, 1, 64, 50);
-    /* 4 free < 10: the window halves to 4, Stale positions are 1..11 */
+    kvd_lc_t *lc = lc_new(c, 8, 1, 64, 80);
+    /* pressure with no sequence: shrinking would make nothing Stale, so the window stays */
+    uint32_t loose[16];
+    FX_OK(kvd_core_alloc(c, a, 16, loose));
     kvd_lc_result_t r = tick(lc, c);
-    assert_int_equal(r.retiered, 11);
+    tick(lc, c);
+    assert_int_equal(lc_stats(c, lc).lifecycle_window, 8);
+    assert_int_equal(lc_stats(c, lc).lifecycle_window_shrinks, 0);
+    FX_OK(kvd_core_release(c, a, loose, 16));
+    fx_quiesce(c, a);
+    uint64_t q = mk_seq(c, a, 7, 16, 16, ids, 0);
+    /* 4 available < 16, but the window of 8 still has Stale work (positions 1..7): do it
+     * first, no shrink */
+    r = tick(lc, c);
+    assert_int_equal(r.retiered, 7);
+    expect_fmts(c, ids, "FTTTTTTTFFFFFFFF");
+    assert_int_equal(lc_stats(c, lc).lifecycle_window_shrinks, 0);
+    /* 4 free + 7 retiring = 11 < 16 and nothing left to do at 8: halve to 4 (8..11 Stale) */
+    r = tick(lc, c);
+    assert_int_equal(r.retiered, 4);
     expect_fmts(c, ids, "FTTTTTTTTTTTFFFF");
     kvd_stats_t st = lc_stats(c, lc);
     assert_int_equal(st.lifecycle_window, 4);
     assert_int_equal(st.lifecycle_window_shrinks, 1);
-    /* 4 free + 11 retiring ≥ 10: no more pressure, < 20: no growth either */
+    /* 15 < 16: halve to 2; then 17 ≥ 16: no more pressure, < 20: no growth either */
+    r = tick(lc, c);
+    assert_int_equal(r.retiered, 2);
     r = tick(lc, c);
     assert_int_equal(r.retiered + r.promoted, 0);
-    assert_int_equal(lc_stats(c, lc).lifecycle_window, 4);
+    expect_fmts(c, ids, "FTTTTTTTTTTTTTFF");
+    st = lc_stats(c, lc);
+    assert_int_equal(st.lifecycle_window, 2);
+    assert_int_equal(st.lifecycle_window_shrinks, 2);
     /* promotions wait for headroom: a pinned TQ3 page is not promoted below the high mark */
     FX_OK(kvd_core_pin(c, ids[1]));
     fx_quiesce(c, a);
     r = tick(lc, c);
     assert_int_equal(r.promoted, 0);
     assert_int_equal(fmt_of(c, ids[1]), KV_FMT_TQ3);
-    /* the request finishes: its 16 pages are cache-only (evictable), avail = 20 ≥ 20: the
-     * window doubles back and the pinned page is promoted out of the headroom... which is 0
-     * (avail = high): it still waits. Unpinning ends the question. */
+    /* the request finishes: its FP8 pages are cache-only (evictable), avail = 20 ≥ 20: the
+     * window doubles back one step per tick; the pinned page still waits (no headroom above
+     * the high mark, which is the whole pool here) */
     FX_OK(kvd_core_seq_close(c, a, q));
+    r = tick(lc, c);
+    assert_int_equal(lc_stats(c, lc).lifecycle_window, 4);
     r = tick(lc, c);
     assert_int_equal(lc_stats(c, lc).lifecycle_window, 8);
     assert_int_equal(r.promoted, 0);
-    FX_OK(kvd_core_unpin(c, ids[1]));
+    kvd_lc_free(&lc);
+    kvd_core_free(&c);
 
-    /* a permanent squeeze (low = the whole pool; one page taken so avail < low) halves the
-     * window once per tick down to 1, never 0 */
-    uint32_t one;
-    FX_OK(kvd_core_alloc(c, a, 1, &one));
-    kvd_lc_params_t p;
-    kvd_lc_get_params(lc, &p);
-    p.fp8_low_pct = 100;
-    FX_OK(kvd_lc_set_params(lc, &p));
-    uint64_t shrinks0 = lc_stats(c, lc).lifecycle_window_shrinks;
+    /* a permanent squeeze (low = the whole pool) halves the window tick after tick while that
+     * makes pages Stale, down to 1, never 0 */
+    c = lc_core(64, 64);
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    mk_seq(c, a, 8, 12, 12, ids, 0);
+    lc = lc_new(c, 8, 0, 64, 100);
     for (int i = 0; i < 6; i++)
         tick(lc, c);
+    expect_fmts(c, ids, "TTTTTTTTTTTF");
     st = lc_stats(c, lc);
     assert_int_equal(st.lifecycle_window, 1);
-    assert_int_equal(st.lifecycle_window_shrinks - shrinks0, 3); /* 8 → 4 → 2 → 1 */
+    assert_int_equal(st.lifecycle_window_shrinks, 3); /* 8 → 4 → 2 → 1 */
     /* an unrelated change keeps the shrunk window; a new recent_pages restarts from it */
+    kvd_lc_params_t p;
+    kvd_lc_get_params(lc, &p);
     p.batch = 5;
     FX_OK(kvd_lc_set_params(lc, &p));
     assert_int_equal(lc_stats(c, lc).lifecycle_window, 1);
     p.recent_pages = 6;
     FX_OK(kvd_lc_set_params(lc, &p));
     assert_int_equal(lc_stats(c, lc).lifecycle_window, 6);
-    p.recent_pages = 8;
-    FX_OK(kvd_lc_set_params(lc, &p));
     /* bad parameters are refused and change nothing */
     p.recent_pages = 0;
     assert_int_equal(kvd_lc_set_params(lc, &p), KV_ERR_INVALID_ARGUMENT);
@@ -489,7 +511,8 @@ static void test_pressure_shrinks_window(void **state)
     p.batch = 1, p.fp8_low_pct = 101;
     assert_int_equal(kvd_lc_set_params(lc, &p), KV_ERR_INVALID_ARGUMENT);
     kvd_lc_get_params(lc, &p);
-    assert_int_equal(p.recent_pages, 8);
+    assert_int_equal(p.recent_pages, 6);
+    assert_int_equal(p.batch, 5);
     assert_int_equal(p.fp8_low_pct, 100);
     kvd_lc_free(&lc);
     kvd_core_free(&c);
