@@ -123,10 +123,11 @@ static void sleep_ms(int ms)
 static void wait_formats(kvc_t *c, const uint32_t *ids, const char *want, int timeout_ms)
 {
     int64_t t0 = itest_now_us();
-    char got[NP + 1];
+    char got[64];
+    size_t n = strlen(want);
+    assert_true(n < sizeof got);
     for (;;) {
         int same = 1;
-        size_t n = strlen(want);
         for (size_t i = 0; i < n; i++) {
             kv_dir_entry_t e = kvc_directory(c)[ids[i]];
             assert_int_equal(kv_dir_flags(e), KV_DIR_VALID | KV_DIR_SEALED);
