@@ -40,16 +40,16 @@ typedef struct lc_cand_s {
 struct kvd_lc_s {
     kvd_lc_params_t p;
     uint32_t nlogical;
-    uint8_t *tier;       /* [nlogical] TIER_* of the plan in progress; all 0 between plans */
-    uint64_t *since;     /* [nlogical] oldest append time over the page's holders */
-    uint32_t *touched;   /* [nlogical] ids whose tier is set */
+    uint8_t *tier;     /* [nlogical] TIER_* of the plan in progress; all 0 between plans */
+    uint64_t *since;   /* [nlogical] oldest append time over the page's holders */
+    uint32_t *touched; /* [nlogical] ids whose tier is set */
     uint32_t ntouched;
-    lc_cand_t *cand;     /* [nlogical] */
+    lc_cand_t *cand; /* [nlogical] */
     uint32_t ncand;
     kvd_lc_action_t *act; /* [nlogical] the plan handed out */
-    uint32_t window;     /* effective Recent window, 1 .. recent_pages */
-    uint32_t backlog;    /* conversions the last executed tick left behind */
-    int tq3_full_last;   /* the last tick that tried a retier was refused for space */
+    uint32_t window;      /* effective Recent window, 1 .. recent_pages */
+    uint32_t backlog;     /* conversions the last executed tick left behind */
+    int tq3_full_last;    /* the last tick that tried a retier was refused for space */
     /* counters (stats.h lifecycle_*) */
     uint64_t ticks, tick_ns, tick_ns_max, shrinks, skipped_tq3, skipped_fp8;
 };
@@ -164,7 +164,7 @@ static void visit_seq(uint64_t seq, uint64_t sid, const uint32_t *lids, const ui
     for (uint32_t i = 0; i < n; i++) {
         uint32_t lid = lids[i];
         KVD_ASSERT(lid < lc->nlogical); /* the core only keeps its own ids in sequences */
-        uint8_t t = i < x->anchor                           ? TIER_ANCHOR
+        uint8_t t = i < x->anchor                            ? TIER_ANCHOR
                     : (uint64_t)i + x->window >= (uint64_t)n ? TIER_RECENT
                                                              : TIER_STALE;
         if (lc->tier[lid] == TIER_NONE) {
@@ -181,8 +181,8 @@ static void visit_seq(uint64_t seq, uint64_t sid, const uint32_t *lids, const ui
 static void add_cand(kvd_lc_t *lc, uint32_t lid, kv_fmt_t dst, kvd_lc_why_t why, uint64_t key)
 {
     KVD_ASSERT(lc->ncand < lc->nlogical); /* each id at most once: pass 2 and 3 are disjoint */
-    lc->cand[lc->ncand++] = (lc_cand_t){.key = key, .lid = lid, .why = (uint8_t)why,
-                                        .dst = (uint8_t)dst};
+    lc->cand[lc->ncand++] =
+        (lc_cand_t){.key = key, .lid = lid, .why = (uint8_t)why, .dst = (uint8_t)dst};
 }
 
 /* Pass 3: cache entries no sequence holds. */
@@ -228,8 +228,9 @@ static uint32_t collect(kvd_lc_t *lc, const kvd_core_t *c, uint32_t w, uint64_t 
         uint8_t t = lc->tier[lid];
         if ((t >= TIER_RECENT || pi.pins) && pi.fmt == KV_FMT_TQ3) {
             add_cand(lc, lid, KV_FMT_FP8,
-                     pi.pins ? KVD_LC_WHY_PINNED
-                             : t == TIER_ANCHOR ? KVD_LC_WHY_ANCHOR : KVD_LC_WHY_RECENT,
+                     pi.pins            ? KVD_LC_WHY_PINNED
+                     : t == TIER_ANCHOR ? KVD_LC_WHY_ANCHOR
+                                        : KVD_LC_WHY_RECENT,
                      0);
         } else if (t == TIER_STALE && !pi.pins && pi.fmt == KV_FMT_FP8 && pi.req_loose == 0) {
             add_cand(lc, lid, KV_FMT_TQ3, KVD_LC_WHY_STALE, lc->since[lid]);
@@ -253,8 +254,8 @@ int kvd_lc_plan(kvd_lc_t *lc, const kvd_core_t *c, uint64_t now_ns, kvd_lc_plan_
     kvd_stats_t st;
     kvd_core_stats(c, &st);
     uint64_t total = st.pages_total[KV_FMT_FP8];
-    uint64_t avail = st.pages_free[KV_FMT_FP8] + st.pages_lru[KV_FMT_FP8] +
-                     st.pages_retired[KV_FMT_FP8];
+    uint64_t avail =
+        st.pages_free[KV_FMT_FP8] + st.pages_lru[KV_FMT_FP8] + st.pages_retired[KV_FMT_FP8];
     uint64_t low = (total * lc->p.fp8_low_pct + 99) / 100;
     uint64_t high = 2 * low < total ? 2 * low : total;
     uint32_t w = lc->window, W = lc->p.recent_pages;
@@ -288,8 +289,8 @@ int kvd_lc_plan(kvd_lc_t *lc, const kvd_core_t *c, uint64_t now_ns, kvd_lc_plan_
             budget--;
         }
         if (n < lc->p.batch)
-            lc->act[n++] = (kvd_lc_action_t){.logical = k->lid, .dst = (kv_fmt_t)k->dst,
-                                             .why = (kvd_lc_why_t)k->why};
+            lc->act[n++] = (kvd_lc_action_t){
+                .logical = k->lid, .dst = (kv_fmt_t)k->dst, .why = (kvd_lc_why_t)k->why};
         else
             plan->backlog++;
     }
@@ -311,8 +312,8 @@ void kvd_lc_act(kvd_lc_t *lc, kvd_core_t *c, const kvd_lc_plan_t *plan, kvd_lc_r
         }
         /* Earlier conversions of this tick may have evicted (and freed) a planned page. */
         kvd_page_info_t pi;
-        if (kvd_core_page_info(c, a->logical, &pi) != KV_ERR_OK ||
-            pi.state != KVD_PAGE_SEALED || pi.fmt == a->dst) {
+        if (kvd_core_page_info(c, a->logical, &pi) != KV_ERR_OK || pi.state != KVD_PAGE_SEALED ||
+            pi.fmt == a->dst) {
             res->skipped_changed++;
             continue;
         }

@@ -69,7 +69,7 @@ const char *kvd_lc_why_name(kvd_lc_why_t w); /* "pinned", "anchor", "recent", "s
 
 typedef struct kvd_lc_action_s {
     uint32_t logical;
-    kv_fmt_t dst;     /* KV_FMT_TQ3 = retier, KV_FMT_FP8 = promote */
+    kv_fmt_t dst; /* KV_FMT_TQ3 = retier, KV_FMT_FP8 = promote */
     kvd_lc_why_t why;
 } kvd_lc_action_t;
 
@@ -88,14 +88,14 @@ typedef struct kvd_lc_plan_s {
 
 typedef struct kvd_lc_result_s {
     uint32_t retiered, promoted;
-    uint32_t skipped_changed;   /* planned pages whose state changed before their turn */
-    int tq3_full;               /* a retier found the TQ3 pool full; the rest were skipped */
-    int tq3_full_new;           /* … and the previous tick had no such refusal: log it */
-    int fp8_full;               /* a promote found no FP8 page */
-    uint32_t failures;          /* other conversion errors (e.g. DEVICE; source kept) */
-    int first_error;            /* kv_err_t of the first failure, KV_ERR_OK when none */
-    char msg[256];              /* the core's message for it */
-    uint64_t tick_ns;           /* kvd_lc_tick only: time of plan + act */
+    uint32_t skipped_changed; /* planned pages whose state changed before their turn */
+    int tq3_full;             /* a retier found the TQ3 pool full; the rest were skipped */
+    int tq3_full_new;         /* … and the previous tick had no such refusal: log it */
+    int fp8_full;             /* a promote found no FP8 page */
+    uint32_t failures;        /* other conversion errors (e.g. DEVICE; source kept) */
+    int first_error;          /* kv_err_t of the first failure, KV_ERR_OK when none */
+    char msg[256];            /* the core's message for it */
+    uint64_t tick_ns;         /* kvd_lc_tick only: time of plan + act */
 } kvd_lc_result_t;
 
 /* Defaults used by the daemon's config table (docs/daemon.md explains each). */
@@ -107,8 +107,8 @@ int kvd_lc_init(kvd_lc_t **out, const kvd_core_t *c, const kvd_lc_params_t *p);
 /* Free; *lc = NULL. NULL-safe. */
 void kvd_lc_free(kvd_lc_t **lc);
 /* Change params at run time (kvctl config set). A new recent_pages restarts the effective
- * window from it; other changes keep the current (maybe shrunk) window. Errors: INVALID_ARGUMENT (recent_pages or batch 0, fp8_low_pct > 100;
- * params unchanged). */
+ * window from it; other changes keep the current (maybe shrunk) window. Errors: INVALID_ARGUMENT
+ * (recent_pages or batch 0, fp8_low_pct > 100; params unchanged). */
 int kvd_lc_set_params(kvd_lc_t *lc, const kvd_lc_params_t *p);
 void kvd_lc_get_params(const kvd_lc_t *lc, kvd_lc_params_t *p);
 

@@ -39,10 +39,10 @@
 #include "itest.h"
 #include "kvkern.h"
 
-#define NP 12
-#define PT 16 /* itest geometry: 2 layers, 2 KV heads, head_dim 64, 16 tokens per page */
-#define W 3
-#define A 2
+#define NP   12
+#define PT   16 /* itest geometry: 2 layers, 2 KV heads, head_dim 64, 16 tokens per page */
+#define W    3
+#define A    2
 #define MAXV (2 * 2 * PT * 64) /* floats of one kind of one page: layers × heads × T × d */
 
 /* Deterministic N(0,1) by Box–Muller over a 64-bit LCG: the client regenerates what it wrote. */
@@ -151,8 +151,8 @@ static void check_data(kvc_t *c, const uint32_t *ids, uint32_t n, const char *wh
         page_nmse(c, ids[i], i, e);
         int tq3 = kv_dir_fmt(kvc_directory(c)[ids[i]]) == KV_FMT_TQ3;
         double bound = tq3 ? 0.06 : 0.002;
-        print_message("%s: page %2u %s  NMSE K %.5f  V %.5f\n", what, i, tq3 ? "TQ3" : "FP8",
-                      e[0], e[1]);
+        print_message("%s: page %2u %s  NMSE K %.5f  V %.5f\n", what, i, tq3 ? "TQ3" : "FP8", e[0],
+                      e[1]);
         if (e[0] > bound || e[1] > bound)
             fail_msg("%s: page %u (%s) decodes with NMSE K %.4f V %.4f > %.3f", what, i,
                      tq3 ? "TQ3" : "FP8", e[0], e[1], bound);
@@ -173,8 +173,14 @@ static void test_lifecycle_retiers_and_promotes(void **state)
 {
     (void)state;
     itest_kvd_t k;
-    const char *extra[] = {"--lifecycle_ms", "10",          "--recent_pages", "3",
-                           "--anchor_pages", "2",           "--retier_batch", "4", NULL};
+    // clang-format off
+    const char *extra[] = {
+        "--lifecycle_ms", "10",
+        "--recent_pages", "3",
+        "--anchor_pages", "2",
+        "--retier_batch", "4",
+        NULL};
+    // clang-format on
     itest_kvd_start(&k, extra);
     kvc_t *c = itest_connect(&k, "lifecycle-client");
     assert_int_equal(kvc_geom(c)->page_tokens, PT);
@@ -255,8 +261,8 @@ static void test_lifecycle_off_and_on(void **state)
 {
     (void)state;
     itest_kvd_t k;
-    const char *extra[] = {"--lifecycle_ms", "0", "--recent_pages", "1", "--anchor_pages", "0",
-                           NULL};
+    const char *extra[] = {
+        "--lifecycle_ms", "0", "--recent_pages", "1", "--anchor_pages", "0", NULL};
     itest_kvd_start(&k, extra);
     kvc_t *c = itest_connect(&k, "lifecycle-off");
     uint32_t pages[4], canon[4], tok[4 * PT];
@@ -301,9 +307,16 @@ static void test_lifecycle_pressure(void **state)
 {
     (void)state;
     itest_kvd_t k;
-    const char *extra[] = {"--pages_fp8",   "20", "--lifecycle_ms",      "10", "--recent_pages",
-                           "8",             "--anchor_pages", "1", "--fp8_low_watermark", "80",
-                           "--retier_batch", "16", NULL};
+    // clang-format off
+    const char *extra[] = {
+        "--pages_fp8", "20",
+        "--lifecycle_ms", "10",
+        "--recent_pages", "8",
+        "--anchor_pages", "1",
+        "--fp8_low_watermark", "80",
+        "--retier_batch", "16",
+        NULL};
+    // clang-format on
     itest_kvd_start(&k, extra);
     kvc_t *c = itest_connect(&k, "lifecycle-pressure");
     enum { N = 16 };
@@ -327,8 +340,10 @@ static void test_lifecycle_pressure(void **state)
     check_data(c, canon, N, "under pressure");
     /* the shrinks are in the daemon's log (read before stop: stop removes the directory) */
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "grep -q 'under pressure: Recent window 8 -> 4' %s && "
-                              "grep -q 'under pressure: Recent window 4 -> 2' %s", k.log, k.log);
+    snprintf(cmd, sizeof cmd,
+             "grep -q 'under pressure: Recent window 8 -> 4' %s && "
+             "grep -q 'under pressure: Recent window 4 -> 2' %s",
+             k.log, k.log);
     assert_int_equal(system(cmd), 0);
     itest_assert_check(&k);
     kvc_close(&c);

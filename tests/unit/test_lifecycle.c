@@ -79,12 +79,11 @@ static void decode_k0(kvd_core_t *c, uint32_t lid, float *out)
     kv_geom_t g = fx_geom();
     kv_dir_entry_t e = be->dir[lid];
     for (uint32_t h = 0; h < g.kv_heads; h++)
-        assert_int_equal(kv_page_decode_block(&g, kv_dir_fmt(e),
-                                              kvd_backend_host_page(be, kv_dir_fmt(e),
-                                                                    kv_dir_phys(e)),
-                                              0, KV_KIND_K, h,
-                                              out + (uint64_t)h * g.page_tokens * g.head_dim),
-                         KVK_OK);
+        assert_int_equal(
+            kv_page_decode_block(&g, kv_dir_fmt(e),
+                                 kvd_backend_host_page(be, kv_dir_fmt(e), kv_dir_phys(e)), 0,
+                                 KV_KIND_K, h, out + (uint64_t)h * g.page_tokens * g.head_dim),
+            KVK_OK);
 }
 
 /* Allocate n pages (optionally filled), seal the first nseal as one chained prompt `seed`,
@@ -102,8 +101,8 @@ static uint64_t mk_seq(kvd_core_t *c, uint64_t sid, uint32_t seed, uint32_t n, u
             fill_page(c, ids[i], seed * 1000u + i);
         if (i < nseal) {
             uint32_t canon;
-            FX_OK(kvd_core_seal(c, sid, ids[i], i ? ids[i - 1] : KVD_NONE, tok + i * FX_PT,
-                                FX_PT, NULL, 0, h, &canon));
+            FX_OK(kvd_core_seal(c, sid, ids[i], i ? ids[i - 1] : KVD_NONE, tok + i * FX_PT, FX_PT,
+                                NULL, 0, h, &canon));
             assert_int_equal(canon, ids[i]); /* distinct prompts: no dedupe */
         }
     }
@@ -131,8 +130,8 @@ static void expect_fmts(kvd_core_t *c, const uint32_t *ids, const char *want)
             for (j = 0; want[j] && j < sizeof(got) - 1; j++)
                 got[j] = fmt_of(c, ids[j]) == KV_FMT_TQ3 ? 'T' : 'F';
             got[j] = '\0';
-            fail_msg("directory formats %s, want %s (first difference at position %u)", got,
-                     want, i);
+            fail_msg("directory formats %s, want %s (first difference at position %u)", got, want,
+                     i);
         }
     }
 }
@@ -344,8 +343,8 @@ static void test_promote_cached_prefix(void **state)
     fx_tokens(5, 6, btok);
     FX_OK(kvd_core_alloc(c, b, 6, own));
     for (uint32_t i = 0; i < 6; i++)
-        FX_OK(kvd_core_seal(c, b, own[i], i ? own[i - 1] : B[3], btok + i * FX_PT, FX_PT, NULL,
-                            0, h, &canon));
+        FX_OK(kvd_core_seal(c, b, own[i], i ? own[i - 1] : B[3], btok + i * FX_PT, FX_PT, NULL, 0,
+                            h, &canon));
     memcpy(B + 4, own, sizeof(own));
     uint64_t qb;
     FX_OK(kvd_core_seq_open(c, b, &qb));
