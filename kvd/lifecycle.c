@@ -265,6 +265,11 @@ int kvd_lc_plan(kvd_lc_t *lc, const kvd_core_t *c, uint64_t now_ns, kvd_lc_plan_
     plan->pressure = avail < low;
     plan->fp8_avail = avail;
     plan->fp8_low = low;
+    if (st.pages_total[KV_FMT_TQ3] == 0) { /* pages_tq3 = 0: nothing can go Stale, nor back */
+        plan->window = w;
+        plan->act = lc->act;
+        return KV_ERR_OK;
+    }
     if (!plan->pressure && avail >= high && w < W)
         w = w > W / 2 ? W : 2 * w;
     uint32_t stale = collect(lc, c, w, now_ns);

@@ -15,6 +15,7 @@
  *   a page held by nobody (cache only, on the LRU) is retiered when it has not been acquired
  *   for cache_retier_ns (0 = never: it stays FP8 until evicted).
  *   Only SEALED pages are converted: OPEN pages are still being written by their client.
+ *   A namespace without a TQ3 pool (pages_tq3 = 0) gets empty plans.
  *
  * Pressure: avail = FP8 free + evictable (cache-only) + retiring pages. avail < low
  * (fp8_low_pct of the pool) halves the Recent window, so more pages go Stale: at most once per

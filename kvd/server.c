@@ -80,6 +80,7 @@ struct kvd_server_s {
     kvd_lc_t *lc;             /* lifecycle controller (lifecycle.h); ticks on lifecycle_timer */
     uint64_t lc_period_ms;    /* period lifecycle_timer runs at; 0 = stopped */
     uint32_t lc_window;       /* last Recent window logged */
+    int lc_failing;           /* the last tick had conversion failures (already logged) */
     kvd_http_t http;
     kvd_sess_t *sessions;
     uint32_t nsessions;
@@ -1026,8 +1027,12 @@ static void kvd_lifecycle_cb(uv_timer_t *t)
     if (r.tq3_full_new)
         KVD_LOGW("lifecycle: TQ3 pool full and nothing evictable: Stale pages stay FP8 until "
                  "TQ3 space frees (counted in lifecycle_skipped_tq3_full): %s", r.msg);
-    if (r.failures)
-        KVD_LOGW("lifecycle: %u conversions failed, sources kept: %s", r.failures, r.msg);
+    /* once per episode: a broken device would otherwise log every tick */
+    if (r.failures && !s->lc_failing)
+        KVD_LOGW("lifecycle: %u conversions failed, sources kept (counted in "
+                 "conversion_failures; logged again after a tick without failures): %s",
+                 r.failures, r.msg);
+    s->lc_failing = r.failures != 0;
     kvd_stats_t st;
     memset(&st, 0, sizeof st);
     kvd_lc_stats(s->lc, &st);

@@ -632,6 +632,27 @@ static void test_batch_oldest_first(void **state)
     kvd_core_free(&c);
 }
 
+/* pages_tq3 = 0: a namespace that only has FP8 gets empty plans, not failing conversions */
+static void test_no_tq3_pool(void **state)
+{
+    kvd_core_t *c = lc_core(16, 0);
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t ids[10];
+    mk_seq(c, a, 12, 10, 10, ids, 0);
+    kvd_lc_t *lc = lc_new(c, 2, 1, 64, 90); /* under pressure, too */
+    for (int i = 0; i < 3; i++) {
+        kvd_lc_result_t r = tick(lc, c);
+        assert_int_equal(r.retiered + r.promoted + r.failures, 0);
+        assert_int_equal(r.first_error, KV_ERR_OK);
+    }
+    expect_fmts(c, ids, "FFFFFFFFFF");
+    assert_int_equal(fx_stats(c).conversion_failures, 0);
+    assert_int_equal(lc_stats(c, lc).lifecycle_window_shrinks, 0);
+    kvd_lc_free(&lc);
+    kvd_core_free(&c);
+}
+
 /* ---- construction ------------------------------------------------------------------------ */
 static void test_init_errors(void **state)
 {
@@ -729,6 +750,7 @@ int main(void)
         cmocka_unit_test(test_tq3_full),
         cmocka_unit_test(test_idle_cache_retier),
         cmocka_unit_test(test_batch_oldest_first),
+        cmocka_unit_test(test_no_tq3_pool),
         cmocka_unit_test(test_init_errors),
         cmocka_unit_test(test_tick_time_figure),
     };
