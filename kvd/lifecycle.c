@@ -210,8 +210,11 @@ static int cand_cmp(const void *a, const void *b)
     return x->lid < y->lid ? -1 : x->lid > y->lid;
 }
 
-/* Passes 1-3 for window w: fills lc->cand; returns how many are Stale retiers. */
-static uint32_t collect(kvd_lc_t *lc, const kvd_core_t *c, uint32_t w, uint64_t now)
+/* Passes 1-3 for window w: fills lc->cand; returns how many are Stale retiers. pins: pin
+ * references held in the core (pass 3 only looks for pinned or idle entries, and walking every
+ * cached page is the biggest cost of a plan, so it is skipped when it cannot find any). */
+static uint32_t collect(kvd_lc_t *lc, const kvd_core_t *c, uint32_t w, uint64_t now,
+                        uint64_t pins)
 {
     plan_ctx_t x = {.lc = lc, .window = w, .anchor = lc->p.anchor_pages, .now = now};
     uint32_t stale = 0;
@@ -237,7 +240,8 @@ static uint32_t collect(kvd_lc_t *lc, const kvd_core_t *c, uint32_t w, uint64_t 
             stale++;
         }
     }
-    kvd_core_cache_foreach(c, visit_cache, &x);
+    if (pins || lc->p.cache_retier_ns)
+        kvd_core_cache_foreach(c, visit_cache, &x);
     for (uint32_t i = 0; i < lc->ntouched; i++)
         lc->tier[lc->touched[i]] = TIER_NONE;
     lc->ntouched = 0;
@@ -272,13 +276,13 @@ int kvd_lc_plan(kvd_lc_t *lc, const kvd_core_t *c, uint64_t now_ns, kvd_lc_plan_
     }
     if (!plan->pressure && avail >= high && w < W)
         w = w > W / 2 ? W : 2 * w;
-    uint32_t stale = collect(lc, c, w, now_ns);
+    uint32_t stale = collect(lc, c, w, now_ns, st.pins);
     /* Under pressure the window halves (once per tick, never below 1) only when the current
      * window has no Stale work left and the halved one has some: shrinking while retiers are
      * queued, or when no sequence is long enough for it to matter, frees nothing sooner. The
      * halved plan has the same non-Stale candidates except Recent promotes, and there are
      * none under pressure, so keeping it when it finds no Stale page is keeping the first. */
-    if (plan->pressure && w > 1 && stale == 0 && collect(lc, c, w / 2, now_ns) > 0)
+    if (plan->pressure && w > 1 && stale == 0 && collect(lc, c, w / 2, now_ns, st.pins) > 0)
         w /= 2;
     plan->window = w;
 
