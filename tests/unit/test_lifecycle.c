@@ -5,7 +5,8 @@
  * sequence puts at Anchor / Recent positions (data still within the codec bounds), pins, FP8
  * pressure shrinking the window (only when that makes pages Stale, never below 1) and growing
  * it back, a full TQ3 pool (eviction
- * first, then pages left FP8 and counted), idle cache entries, the batch bound with oldest
+ * first, then pages left FP8 and counted), idle cache entries, act re-checking pages that an
+ * earlier conversion of the same tick evicted, the batch bound with oldest
  * pages first, parameter checks, allocation failure at init, and a tick-time figure.
  *
  * After every act the directory is read the way a client reads it (format and flags of each
@@ -599,6 +600,57 @@ static void test_idle_cache_retier(void **state)
     kvd_core_free(&c);
 }
 
+/* A conversion of a tick can evict a page planned later in the same tick: act re-checks. */
+static void test_act_rechecks_pages(void **state)
+{
+    kvd_core_t *c = lc_core(4, 8);
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t ids[4];
+    uint64_t q = mk_seq(c, a, 13, 4, 4, ids, 0);
+    kvd_lc_params_t p;
+    kvd_lc_params_default(&p);
+    p.recent_pages = 1, p.anchor_pages = 0, p.fp8_low_pct = 0, p.cache_retier_ns = 1;
+    kvd_lc_t *lc = NULL;
+    FX_OK(kvd_lc_init(&lc, c, &p));
+    kvd_lc_result_t r = tick(lc, c);
+    assert_int_equal(r.retiered, 3);
+    FX_OK(kvd_core_seq_close(c, a, q)); /* 0-2 cached TQ3, 3 cached FP8 on the LRU */
+    fx_quiesce(c, a);
+    uint32_t open3[3];
+    FX_OK(kvd_core_alloc(c, a, 3, open3)); /* FP8: 0 free, 1 evictable (ids[3]) */
+    FX_OK(kvd_core_pin(c, ids[0]));
+    fx_clock += 1000000;
+    kvd_lc_plan_t pl;
+    FX_OK(kvd_lc_plan(lc, c, fx_clock, &pl));
+    assert_int_equal(pl.n, 2);
+    assert_int_equal(pl.act[0].logical, ids[0]);
+    assert_int_equal(pl.act[0].why, KVD_LC_WHY_PINNED);
+    assert_int_equal(pl.act[1].logical, ids[3]);
+    assert_int_equal(pl.act[1].why, KVD_LC_WHY_IDLE);
+    /* the promote takes the only FP8 page there is by evicting ids[3]: its retier is skipped */
+    kvd_lc_act(lc, c, &pl, &r);
+    FX_CHECK(c);
+    assert_int_equal(r.promoted, 1);
+    assert_int_equal(r.retiered, 0);
+    assert_int_equal(r.skipped_changed, 1);
+    assert_int_equal(r.first_error, KV_ERR_OK);
+    assert_int_equal(fmt_of(c, ids[0]), KV_FMT_FP8);
+    kvd_page_info_t pi;
+    FX_OK(kvd_core_page_info(c, ids[3], &pi));
+    assert_int_not_equal(pi.state, KVD_PAGE_SEALED);
+    assert_int_equal(fx_stats(c).evictions_pressure, 1);
+    /* NULL arguments are refused; a tick without a result pointer still runs */
+    assert_int_equal(kvd_lc_plan(NULL, c, 0, &pl), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvd_lc_plan(lc, NULL, 0, &pl), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvd_lc_plan(lc, c, 0, NULL), KV_ERR_INVALID_ARGUMENT);
+    uint64_t ticks = lc_stats(c, lc).lifecycle_ticks;
+    assert_int_equal(kvd_lc_tick(lc, c, fx_clock, NULL), KV_ERR_OK);
+    assert_int_equal(lc_stats(c, lc).lifecycle_ticks, ticks + 1);
+    kvd_lc_free(&lc);
+    kvd_core_free(&c);
+}
+
 /* ---- batch ------------------------------------------------------------------------------- */
 static void test_batch_oldest_first(void **state)
 {
@@ -749,6 +801,7 @@ int main(void)
         cmocka_unit_test(test_pressure_shrinks_window),
         cmocka_unit_test(test_tq3_full),
         cmocka_unit_test(test_idle_cache_retier),
+        cmocka_unit_test(test_act_rechecks_pages),
         cmocka_unit_test(test_batch_oldest_first),
         cmocka_unit_test(test_no_tq3_pool),
         cmocka_unit_test(test_init_errors),
