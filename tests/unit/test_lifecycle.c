@@ -4,10 +4,10 @@
  * protecting a page, OPEN pages never converted, promotion of a cached TQ3 prefix that a new
  * sequence puts at Anchor / Recent positions (data still within the codec bounds), pins, FP8
  * pressure shrinking the window (only when that makes pages Stale, never below 1) and growing
- * it back, a full TQ3 pool (eviction
- * first, then pages left FP8 and counted), idle cache entries, act re-checking pages that an
- * earlier conversion of the same tick evicted, the batch bound with oldest
- * pages first, parameter checks, allocation failure at init, and a tick-time figure.
+ * it back, a full TQ3 pool (eviction first, then pages left FP8 and counted), no TQ3 pool,
+ * idle cache entries, act re-checking pages that an earlier conversion of the same tick
+ * evicted, the batch bound with oldest pages first, parameter checks, allocation failure at
+ * init, and a tick-time figure.
  *
  * After every act the directory is read the way a client reads it (format and flags of each
  * logical id) and kvd_core_check must find nothing wrong.
