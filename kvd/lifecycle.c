@@ -14,7 +14,9 @@
  * Candidates are sorted (why, age, id) and cut to `batch`. The scratch arrays are sized by the
  * logical ids once at init (a page is a candidate at most once), so planning never allocates
  * and cannot fail half way; tier[] is cleared through the touched list, so a plan costs
- * O(sequence pages + logical ids), the second term from the stats and cache walks.
+ * O(sequence pages + logical ids), the second term from the pool figures (kvd_core_stats) and,
+ * only when some entry is pinned or cache_retier_ns is set, the cache walk of pass 3
+ * (docs/lifecycle.md has the measured figures).
  *
  * The window state (halved under FP8 pressure, doubled back when the pressure is gone) is the
  * controller's only policy state besides its counters; a plan proposes the next window and
