@@ -25,12 +25,26 @@
  * A zero or non-finite key (n = 0, inf or NaN) stores codes 0 and γ = 0: it decodes to zeros.
  * γ above the FP16 range saturates to 65504 (an FP8-decoded key is far below that).
  *
+ * SUMMATION ORDER (fixed, so that the GPU kernel in convert.cu can match it bit for bit with
+ * its lanes working in parallel): every sum over the d coordinates of a row — ‖k‖², ⟨z, C⟩ and
+ * ‖C‖² in double, the value grid's Σy and Σ(y−mean)² in float — is the recursive PAIRWISE sum
+ *   S(v[0..n)) = S(v[0..n/2)) + S(v[n/2..n)),  S(v[i..i+1)) = v[i],
+ * i.e. adjacent pairs first, then pairs of pairs (pairsum_* below). The GPU lane that owns
+ * coordinates 32q … 32q+31 computes the sub-tree of its 32 values and the lanes of the row add
+ * their partials with xor-shuffles m = 1, 2, 4 (IEEE addition is commutative, so both lanes of
+ * a pair get the same bits). The double terms (k_i², z_i·C, C²) are exact products of floats, so
+ * a fused multiply-add at a leaf gives the same bits as a separate multiply and add.
+ * Before 2026-11-30 (retier v2) the sums ran in index order; the GPU then had to hand a running
+ * sum from lane to lane, which serialised the row (docs/perf.md, "retier v2").
+ *
  * VALUES. y = R v; zero = half(min y), scale = half((max y − min y)/7.0f) — rounded to FP16
  * FIRST, and the codes computed from the rounded z = float(zero), s = float(scale):
  *   code_i = clamp(rintf((y_i − z)/s), 0, 7)   (IEEE division; rintf = round half to even)
  * so encode and decode agree on the grid. s == 0 (constant vector, or a range below FP16's
  * smallest subnormal) gives codes 0. FP16 overflow saturates to ±65504. A non-finite y
- * (inf/NaN input) stores scale = zero = 0 and codes 0. Decode: v̂ = Rᵀ(z + code·s) with
+ * (inf/NaN input) stores scale = zero = 0 and codes 0. min y and max y get +0.0f added, so
+ * a zero extreme is always +0 (its sign would otherwise depend on which of −0/+0 the scan
+ * met first, an order the GPU cannot follow cheaply). Decode: v̂ = Rᵀ(z + code·s) with
  * z + code·s evaluated in float as (float)code·s + z (a GPU fmaf differs by ≤ 1 ulp).
  */
 #include "kvkern.h"
@@ -80,17 +94,35 @@ static void planes_zero(uint32_t d, uint32_t *planes)
     memset(planes, 0, (size_t)(d / 32) * 3 * sizeof(uint32_t));
 }
 
+/* Pairwise sums in the order the header describes; t is overwritten, n a power of two. */
+static double pairsum_d(double *t, uint32_t n)
+{
+    for (uint32_t h = 1; h < n; h <<= 1)
+        for (uint32_t i = 0; i < n; i += h << 1)
+            t[i] = t[i] + t[i + h];
+    return t[0];
+}
+
+static float pairsum_f(float *t, uint32_t n)
+{
+    for (uint32_t h = 1; h < n; h <<= 1)
+        for (uint32_t i = 0; i < n; i += h << 1)
+            t[i] = t[i] + t[i + h];
+    return t[0];
+}
+
 void kv_tq3_encode_key(uint64_t seed, uint32_t d, const float *k, uint32_t *planes, uint16_t *norm)
 {
     float y[KV_MAX_HEAD_DIM];
+    double t[KV_MAX_HEAD_DIM], u[KV_MAX_HEAD_DIM];
     if (!dim_ok(d))
         return;
     planes_zero(d, planes);
     *norm = 0;
 
-    double ss = 0.0;
     for (uint32_t i = 0; i < d; i++)
-        ss += (double)k[i] * k[i];
+        t[i] = (double)k[i] * k[i]; /* exact: a float squared fits a double */
+    double ss = pairsum_d(t, d);
     float n = (float)sqrt(ss);
     if (!(n > 0.0f) || !isfinite(n))
         return;
@@ -101,16 +133,17 @@ void kv_tq3_encode_key(uint64_t seed, uint32_t d, const float *k, uint32_t *plan
 
     kv_rot_forward(seed, d, k, y);
     float sc = sqrtf((float)d) / n;
-    double dot = 0.0, cc = 0.0; /* ⟨z, C[code]⟩ and ‖C[code]‖², both in unit-variance units */
+    /* ⟨z, C[code]⟩ and ‖C[code]‖², both in unit-variance units; the terms are exact */
     for (uint32_t i = 0; i < d; i++) {
         float z = y[i] * sc;
         uint32_t c = 0;
         for (int j = 0; j < KV_TQ3_LEVELS - 1; j++)
             c += z >= b[j];
         kv_tq3_code_set(planes, i, c);
-        dot += (double)z * tq3_centroid[c];
-        cc += (double)tq3_centroid[c] * tq3_centroid[c];
+        t[i] = (double)z * tq3_centroid[c];
+        u[i] = (double)tq3_centroid[c] * tq3_centroid[c];
     }
+    double dot = pairsum_d(t, d), cc = pairsum_d(u, d);
     /* In ĉ units (÷ sqrt(d) each side): β = dot/d, ‖ĉ‖² = cc/d. */
     double beta = dot / d, c2 = cc / d, g;
 #if TQ3_GAMMA == TQ3_GAMMA_NORM
@@ -137,7 +170,7 @@ void kv_tq3_decode_key(uint64_t seed, uint32_t d, const uint32_t *planes, uint16
 void kv_tq3_encode_value(uint64_t seed, uint32_t d, const float *v, uint32_t *planes,
                          uint16_t *scale, uint16_t *zero)
 {
-    float y[KV_MAX_HEAD_DIM];
+    float y[KV_MAX_HEAD_DIM], t[KV_MAX_HEAD_DIM];
     if (!dim_ok(d))
         return;
     planes_zero(d, planes);
@@ -145,23 +178,28 @@ void kv_tq3_encode_value(uint64_t seed, uint32_t d, const float *v, uint32_t *pl
     *zero = 0;
 
     kv_rot_forward(seed, d, v, y);
-    float lo = y[0], hi = y[0], sum = 0.0f;
+    float lo = y[0], hi = y[0];
     for (uint32_t i = 0; i < d; i++) {
         if (!isfinite(y[i]))
             return;
         lo = y[i] < lo ? y[i] : lo;
         hi = y[i] > hi ? y[i] : hi;
-        sum += y[i];
+        t[i] = y[i];
     }
+    lo = lo + 0.0f; /* −0 → +0: the extreme's value, not which zero the scan met first */
+    hi = hi + 0.0f;
+    float sum = pairsum_f(t, d);
     /* Grid choice. The rotated coordinates are close to Gaussian, and the min/max grid of d
      * Gaussians spans ~4.9σ (d=64) to ~5.8σ (d=256): too coarse (NMSE 0.038 → 0.055). The
      * MSE-optimal uniform 8-level grid for N(μ,σ²) has step 0.5860σ (Max 1960; NMSE 0.0374),
      * clipping the tails. Use it whenever it is narrower than min/max, centred on the mean;
-     * sums run in index order in float (the GPU twin sums the same way but in another order,
-     * so its codes may differ by one step where a value sits on a rounding boundary). */
-    float mean = sum / (float)d, var = 0.0f;
-    for (uint32_t i = 0; i < d; i++)
-        var += (y[i] - mean) * (y[i] - mean);
+     * sums are pairwise in float (header), the order the GPU kernel follows too. */
+    float mean = sum / (float)d;
+    for (uint32_t i = 0; i < d; i++) {
+        float e = y[i] - mean;
+        t[i] = e * e;
+    }
+    float var = pairsum_f(t, d);
     float step = KV_TQ3_VALUE_STEP_SIGMAS * sqrtf(var / (float)d);
     float z0 = lo, s0 = (hi - lo) / 7.0f;
     if (step < s0) {

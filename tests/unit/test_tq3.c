@@ -215,15 +215,25 @@ static void test_tq3_value_contract(void **state)
                 v[i] = (float)rng_gauss() * 2.0f + 0.5f;
             kv_tq3_encode_value(5, d, v, planes, &sh, &zh);
             kv_rot_forward(5, d, v, y);
-            float lo = y[0], hi = y[0], sum = 0.0f, var = 0.0f;
+            /* tq3.c's order: sums pairwise (adjacent pairs first), zero extremes as +0 */
+            float lo = y[0], hi = y[0], t[256] = {0};
             for (uint32_t i = 0; i < d; i++) {
                 lo = fminf(lo, y[i]);
                 hi = fmaxf(hi, y[i]);
-                sum += y[i];
+                t[i] = y[i];
             }
-            float mean = sum / (float)d;
+            lo += 0.0f;
+            hi += 0.0f;
+            for (uint32_t h = 1; h < d; h <<= 1)
+                for (uint32_t i = 0; i < d; i += 2 * h)
+                    t[i] += t[i + h];
+            float sum = t[0], mean = sum / (float)d;
             for (uint32_t i = 0; i < d; i++)
-                var += (y[i] - mean) * (y[i] - mean);
+                t[i] = (y[i] - mean) * (y[i] - mean);
+            for (uint32_t h = 1; h < d; h <<= 1)
+                for (uint32_t i = 0; i < d; i += 2 * h)
+                    t[i] += t[i + h];
+            float var = t[0];
             float step = 0.5860f * sqrtf(var / (float)d);
             float z0 = lo, s0 = (hi - lo) / 7.0f;
             if (step < s0) {
