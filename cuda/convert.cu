@@ -298,20 +298,20 @@ template <int D> struct FetchFp8 {
     uint32_t dp, kind;
     bool ok;
     __device__ __forceinline__ void load(const ConvParams &P, const WarpPlace &w, uint32_t q,
-                                         uint32_t t)
+                                         uint64_t t)
     {
-        const uint32_t pair = blockIdx.z + (t >> 1) * gridDim.z;
-        kind = t & 1u;
+        const uint64_t pair64 = blockIdx.z + (t >> 1) * gridDim.z; /* 64-bit: no wrap */
+        kind = (uint32_t)(t & 1u);
         ok = false;
         s = 0.0f;
         dp = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++)
             cw[i] = 0;
-        if (pair >= P.n)
+        if (pair64 >= P.n)
             return;
-        const uint32_t sp = __ldg(P.src + pair);
-        dp = __ldg(P.dst + pair);
+        const uint32_t sp = __ldg(P.src + pair64);
+        dp = __ldg(P.dst + pair64);
         if (sp >= P.spages || dp >= P.dpages)
             return;
         ok = true;
@@ -356,10 +356,12 @@ template <int D> __global__ void __launch_bounds__(kThreads, 6) retier_kernel(Co
      * same mix of work (K rows cost ~10% more; a warp of one kind would finish early and leave
      * a tail). Software pipeline: the next task's row is loaded before this one is computed,
      * so the load latency hides behind ~1000 instructions. */
-    const uint32_t per = P.n > blockIdx.z ? (P.n - blockIdx.z + gridDim.z - 1) / gridDim.z : 0;
+    /* pairs of this slice (64-bit so that n close to 2^32 cannot wrap) */
+    const uint64_t per =
+        P.n > blockIdx.z ? ((uint64_t)P.n - blockIdx.z + gridDim.z - 1) / gridDim.z : 0;
     FetchFp8<D> cur, nxt;
     cur.load(P, w, q, 0);
-    for (uint32_t t = 0; t < 2 * per; t++) {
+    for (uint64_t t = 0; t < 2 * per; t++) {
         nxt.load(P, w, q, t + 1);
         if (!cur.ok) { /* pair outside its pool: skipped by the whole warp */
             cur = nxt;
@@ -535,7 +537,7 @@ template <int D> __global__ void __launch_bounds__(kThreads) promote_kernel(Conv
         sg[i] = s_sign[8 * q + i];
     const float inv = (float)(1.0 / sqrt((double)D));
 
-    for (uint32_t pair = blockIdx.z; pair < P.n; pair += gridDim.z) {
+    for (uint64_t pair = blockIdx.z; pair < P.n; pair += gridDim.z) { /* 64-bit: no wrap */
         const uint32_t sp = P.src[pair], dp = P.dst[pair];
         if (sp >= P.spages || dp >= P.dpages)
             continue;
