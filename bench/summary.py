@@ -1,7 +1,18 @@
 #!/usr/bin/env python3
-"""Print the decode-attention table of a kvbench_attn + torch_sdpa run against the goals."""
+"""Print the decode-attention table of a kvbench_attn + torch_sdpa run against the goals.
+
+Columns: ms / GB/s / %copy of kvk_cuda_attn_decode (partial + merge); "2pass ms" = the same two
+kernels launched through kvk_cuda_attn_partial + kvk_cuda_attn_merge (a repeat measurement of
+the same work), "part ms" = the partial kernel alone (so ms − part ≈ the merge and its launch);
+x dense = dense ms / ms. JSON of older versions without those fields prints "-". Rows with
+"sweep" (decode at other split counts, 32K) and "trace" (timeline probe) follow.
+"""
 import json
 import sys
+
+
+def fmt(v, w=8, p=4):
+    return f"{v:{w}.{p}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"
 
 
 def main(bench_path, sdpa_path):
@@ -13,17 +24,27 @@ def main(bench_path, sdpa_path):
         dense = {}
     copy = b["copy_d2d"]["gbps"]
     print(f"copy ceiling {copy:.0f} GB/s (read+write)")
-    print(f"{'B':>2} {'d':>4} {'tokens':>7} {'mode':>4} {'ms':>8} {'GB/s':>7} {'%copy':>6} "
-          f"{'dense ms':>8} {'x dense':>7}")
+    print(f"{'B':>2} {'d':>4} {'tokens':>7} {'mode':>4} {'sp':>3} {'ms':>8} {'GB/s':>7} "
+          f"{'%copy':>6} {'2pass ms':>8} {'part ms':>8} {'dense ms':>8} {'x dense':>7}")
+    extra = []
     for r in b["attention"]:
-        if "mode" not in r:
-            print("  ", json.dumps(r))
+        if "mode" not in r or r.get("sweep"):
+            extra.append(r)
             continue
         dm = dense.get((r["B"], r["d"], r["tokens"]))
         sp = f"{dm / r['ms']:7.2f}" if dm else "      -"
-        dms = f"{dm:8.4f}" if dm else "       -"
-        print(f"{r['B']:>2} {r['d']:>4} {r['tokens']:>7} {r['mode']:>4} {r['ms']:8.4f} "
-              f"{r['gbps']:7.0f} {100 * r['gbps'] / copy:5.0f}% {dms} {sp}")
+        print(f"{r['B']:>2} {r['d']:>4} {r['tokens']:>7} {r['mode']:>4} {r['splits']:>3} "
+              f"{r['ms']:8.4f} {r['gbps']:7.0f} {100 * r['gbps'] / copy:5.0f}% "
+              f"{fmt(r.get('ms_two_pass'))} {fmt(r.get('ms_partial'))} {fmt(dm)} {sp}")
+    for r in extra:
+        if r.get("sweep") and "ms" in r:
+            dm = dense.get((r["B"], r["d"], r["tokens"]))
+            sp = f"{dm / r['ms']:6.2f}" if dm else "     -"
+            print(f"sweep {r['B']:>2} {r['d']:>4} {r['tokens']:>7} {r['mode']:>4} "
+                  f"splits {r['splits']:>3} {r['ms']:8.4f} ms {100 * r['gbps'] / copy:5.0f}% "
+                  f"x dense {sp}")
+        else:
+            print("  ", json.dumps(r))
 
 
 if __name__ == "__main__":

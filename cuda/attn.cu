@@ -579,6 +579,11 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
  *     operand layout by two movmatrix.trans.
  *   - 4 warps per block, 4 blocks per SM at d ≤ 128 (≤ 128 registers), 2 at d = 256; splits
  *     chosen so that all blocks are resident at once (kvk_cuda_attn_suggest_splits).
+ *   - v7/v8 cut the fixed per-block costs that a timeline probe (KVK_ATTN_TRACE below) showed:
+ *     bank conflicts in the warp merge (padded s_o) and in the QK operand reads (padded q
+ *     rows), per-coordinate recomputation of the warp weights, run-time divisions in the
+ *     FWHT, dependent directory loads in the format pre-scan, the first tiles requested before
+ *     the query prologue; the merge kernel skips empty partitions.
  * docs/perf.md has each version's figures and what limits the TQ3 path (latency at this
  * occupancy plus integer decode work; ~33% of copy bandwidth at B=8 128K).
  */
@@ -597,7 +602,8 @@ template <int D> struct FastCfg {
     static constexpr uint32_t kWarpBuf =
         kNs8 * kStage8 > kNsT * kStageT ? kNs8 * kStage8 : kNsT * kStageT;
     static constexpr size_t kSmem = (size_t)kFWarps * kWarpBuf;
-    static_assert(kSmem >= (size_t)kFWarps * kMaxGroup * D * sizeof(float), "merge overlay");
+    static constexpr uint32_t kORow = D + D / 32; /* padded row of the warp-merge buffer */
+    static_assert(kSmem >= (size_t)kFWarps * kMaxGroup * kORow * sizeof(float), "merge overlay");
     static_assert(kStage8 % 16 == 0 && kStageT % 16 == 0, "stage alignment");
 };
 
@@ -693,8 +699,43 @@ struct FastBlock {
     uint32_t kvh, split, s, h0, gh, pt, ip0, len, p0, p1;
 };
 
+/* Timeline probe of the fast kernel, compiled only with -DKVK_ATTN_TRACE (a separate bench
+ * binary, never the library build): thread 0 of each of the first kTraceBlocks blocks records
+ * clock64 at points 0-8 and 14-15 (the TRACE calls), %globaltimer at start (10) and end (11)
+ * and its SM (12). docs/perf.md v7 reads it. */
+#ifdef KVK_ATTN_TRACE
+constexpr int kTraceBlocks = 4096;
+__device__ unsigned long long g_trace[kTraceBlocks][16];
+__device__ __forceinline__ void trace_put(int k, unsigned long long v)
+{
+    const uint32_t b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (threadIdx.x == 0 && b < (uint32_t)kTraceBlocks)
+        g_trace[b][k] = v;
+}
+__device__ __forceinline__ unsigned long long gtimer()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define TRACE(k) trace_put((k), (unsigned long long)clock64())
+#define TRACE_GT(k) trace_put((k), gtimer())
+#else
+#define TRACE(k) ((void)0)
+#define TRACE_GT(k) ((void)0)
+#endif
+
+/* v8: rows of the fast kernel's q buffer are D + 4 floats. With rows of D floats every lane's
+ * read of its QK operand (row g8, coordinates 4·(t4·R + s) …) hit one bank: 32-way conflicts
+ * on 4·KS loads per lane. Padded rows and one 16-byte load per k-step leave 4-way conflicts
+ * on KS loads (timeline probe: FP8 prologue 11.0k → 8.7k cycles at d = 256, unchanged at
+ * d = 128, where the directory and query loads dominate it). */
+template <int D> struct FastQRow {
+    static constexpr int kLen = D + 4;
+};
+
 template <int D> struct FastSmem {
-    float (*q)[D];
+    float (*q)[FastQRow<D>::kLen];
     float (*m)[kMaxGroup];
     float (*l)[kMaxGroup];
     float (*z)[kMaxGroup];
@@ -702,6 +743,31 @@ template <int D> struct FastSmem {
     uint32_t *lutk;
     uint8_t *buf;
 };
+
+/* In-place FWHT of the kMaxGroup rows of q (unnormalised), ending with a barrier. v7: the
+ * stages are unrolled, so the half-size hs is a constant and (j / hs, j % hs) are a shift and
+ * a mask instead of two run-time integer divisions per butterfly (the TQ3 prologue and
+ * epilogue run one each; TQ3 and mix 1-5% faster, docs/perf.md). The butterfly loop stays
+ * rolled: unrolled, it pushed the d = 128 kernel past 128 registers (48 bytes of spills). */
+template <int D>
+__device__ __forceinline__ void fwht_smem(float (*q)[FastQRow<D>::kLen], uint32_t tid)
+{
+#pragma unroll
+    for (int lg = 0; (1 << lg) < D; lg++) {
+        constexpr uint32_t half = D / 2;
+        const uint32_t hs = 1u << lg;
+#pragma unroll 1
+        for (int k = 0; k < kMaxGroup * D / 2 / kFThreads; k++) {
+            const uint32_t i = tid + (uint32_t)k * kFThreads;
+            const uint32_t h = i / half, j = i % half;
+            const uint32_t lo = ((j >> lg) << (lg + 1)) | (j & (hs - 1u));
+            const float x = q[h][lo], y = q[h][lo + hs];
+            q[h][lo] = x + y;
+            q[h][lo + hs] = x - y;
+        }
+        __syncthreads();
+    }
+}
 
 template <int D, int FMT>
 __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &bk,
@@ -719,47 +785,6 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     const uint32_t pt = bk.pt;
 
     __syncthreads(); /* s_q and the rings may still be read by the previous phase */
-    for (uint32_t i = tid; i < kMaxGroup * D; i += kFThreads) {
-        const uint32_t h = i / D, x = i % D;
-        float v = 0.0f;
-        if (h < bk.gh) {
-            v = a.q[((uint64_t)bk.s * a.q_heads + bk.h0 + h) * D + x];
-            if (FMT == KV_FMT_TQ3)
-                v *= kv_rot_sign(geo.seed, x);
-        }
-        sm.q[h][x] = v;
-    }
-    if (FMT == KV_FMT_TQ3) {
-        for (uint32_t i = tid; i < (uint32_t)kLutKWords; i += kFThreads) {
-            const uint32_t e = i >> 5;
-            const uint32_t clo = (e & 1u) | ((e >> 1) & 2u) | ((e >> 2) & 4u);
-            const uint32_t chi = ((e >> 1) & 1u) | ((e >> 2) & 2u) | ((e >> 3) & 4u);
-            sm.lutk[i] = pack_half2(c_centroid[clo], c_centroid[chi]);
-        }
-    }
-    __syncthreads();
-    float qf = a.sm_scale * kLog2e;
-    if (FMT == KV_FMT_TQ3) {
-        for (uint32_t hs = 1; hs < (uint32_t)D; hs <<= 1) {
-            for (uint32_t i = tid; i < kMaxGroup * D / 2; i += kFThreads) {
-                const uint32_t h = i / (D / 2), j = i % (D / 2);
-                const uint32_t lo = (j / hs) * 2 * hs + j % hs;
-                const float x = sm.q[h][lo], y = sm.q[h][lo + hs];
-                sm.q[h][lo] = x + y;
-                sm.q[h][lo + hs] = x - y;
-            }
-            __syncthreads();
-        }
-        qf *= 1.0f / (float)D;
-    }
-    uint32_t qa[KS][2];
-#pragma unroll
-    for (int st = 0; st < KS; st++) {
-        const uint32_t c = 4u * ((st / R) * 4 * R + t4 * R + st % R);
-        qa[st][0] = pack_half2(sm.q[g8][c] * qf, sm.q[g8][c + 1] * qf);
-        qa[st][1] = pack_half2(sm.q[g8][c + 2] * qf, sm.q[g8][c + 3] * qf);
-    }
-
     const uint64_t page_bytes = kv_page_bytes(&geo, (kv_fmt_t)FMT);
     const uint64_t koff = kv_block_offset(&geo, (kv_fmt_t)FMT, a.layer, KV_KIND_K, bk.kvh);
     const uint64_t voff = kv_block_offset(&geo, (kv_fmt_t)FMT, a.layer, KV_KIND_V, bk.kvh);
@@ -834,6 +859,45 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         cp_commit();
     };
 
+    /* v7: the first NS-1 tiles are requested before the query is loaded and rotated, so the
+     * directory walk and the first copies overlap that prologue instead of following it */
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++)
+        issue((uint32_t)i);
+
+    for (uint32_t i = tid; i < kMaxGroup * D; i += kFThreads) {
+        const uint32_t h = i / D, x = i % D;
+        float v = 0.0f;
+        if (h < bk.gh) {
+            v = a.q[((uint64_t)bk.s * a.q_heads + bk.h0 + h) * D + x];
+            if (FMT == KV_FMT_TQ3)
+                v *= kv_rot_sign(geo.seed, x);
+        }
+        sm.q[h][x] = v;
+    }
+    if (FMT == KV_FMT_TQ3) {
+        for (uint32_t i = tid; i < (uint32_t)kLutKWords; i += kFThreads) {
+            const uint32_t e = i >> 5;
+            const uint32_t clo = (e & 1u) | ((e >> 1) & 2u) | ((e >> 2) & 4u);
+            const uint32_t chi = ((e >> 1) & 1u) | ((e >> 2) & 2u) | ((e >> 3) & 4u);
+            sm.lutk[i] = pack_half2(c_centroid[clo], c_centroid[chi]);
+        }
+    }
+    __syncthreads();
+    float qf = a.sm_scale * kLog2e;
+    if (FMT == KV_FMT_TQ3) {
+        fwht_smem<D>(sm.q, tid);
+        qf *= 1.0f / (float)D;
+    }
+    uint32_t qa[KS][2];
+#pragma unroll
+    for (int st = 0; st < KS; st++) {
+        const uint32_t c = 4u * ((st / R) * 4 * R + t4 * R + st % R);
+        const float4 v = *reinterpret_cast<const float4 *>(&sm.q[g8][c]);
+        qa[st][0] = pack_half2(v.x * qf, v.y * qf);
+        qa[st][1] = pack_half2(v.z * qf, v.w * qf);
+    }
+
     float o[KS][4];
 #pragma unroll
     for (int i = 0; i < KS; i++)
@@ -842,10 +906,8 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     float m_run2[2] = {-INFINITY, -INFINITY}, l_part2[2] = {0.0f, 0.0f};
     float z_part2[2] = {0.0f, 0.0f}, F = 0.0f;
 
-#pragma unroll
-    for (int i = 0; i < NS - 1; i++)
-        issue((uint32_t)i);
     uint32_t head = 0;
+    TRACE(2 + 3 * FMT);
     for (;;) {
         issue(head == 0 ? NS - 1 : head - 1);
         cp_wait<NS - 1>();
@@ -1062,6 +1124,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         head = head + 1 == (uint32_t)NS ? 0u : head + 1;
     }
     cp_wait<0>();
+    TRACE(3 + 3 * FMT);
 
     /* ---- merge the warps (as v1, with per-lane head pairs) ---- */
 #pragma unroll
@@ -1073,7 +1136,13 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         }
     }
     __syncthreads(); /* every warp is done with the rings that s_o overlays */
-    float *s_o = reinterpret_cast<float *>(sm.buf); /* [kFWarps][kMaxGroup][D] */
+    TRACE(14 + FMT);
+    /* [kFWarps][kMaxGroup][kORow]: element x of a row at x + x / 32. v7: with rows of exactly
+     * D floats, the stores below (lane → head 2t4 / 2t4+1, coordinate 4·(g8·D/32 + i/2) + …)
+     * put all 32 lanes of a warp in one bank at d = 256 (16 at d = 128): 64 × 32-way
+     * conflicts per warp; the FP8 epilogue at B=2 d=256 took 27k cycles, 14k padded
+     * (timeline probe, docs/perf.md v7) */
+    float *s_o = reinterpret_cast<float *>(sm.buf);
     if (g8 == 0) {
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
@@ -1088,48 +1157,53 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             const uint32_t x = 4u * (g8 * (D / 32) + i / 2) + 2u * (i % 2) + hr;
-            float *base = s_o + ((size_t)warp * kMaxGroup) * D;
-            base[(2 * t4) * D + x] = o[i][2 * hr] * invF;
-            base[(2 * t4 + 1) * D + x] = o[i][2 * hr + 1] * invF;
+            float *base = s_o + ((size_t)warp * kMaxGroup) * C::kORow + x + x / 32;
+            base[(2 * t4) * C::kORow] = o[i][2 * hr] * invF;
+            base[(2 * t4 + 1) * C::kORow] = o[i][2 * hr + 1] * invF;
         }
     }
     __syncthreads();
     const size_t part = ((size_t)bk.s * a.num_splits + bk.split) * KV_FMT_COUNT + (size_t)FMT;
-    for (uint32_t i = tid; i < kMaxGroup * D; i += kFThreads) {
-        const uint32_t h = i / D, x = i % D;
+    /* v8: the per-head weights of the 4 warps, exp2(m_w − M) / L, once per head (they were
+     * recomputed, with a division, for every one of the D coordinates); sm.l[w][h] is
+     * overwritten by the weight (only thread h touches column h here) */
+    if (tid < (uint32_t)kMaxGroup) {
+        const uint32_t h = tid;
         float M = -INFINITY;
 #pragma unroll
         for (int w = 0; w < kFWarps; w++)
             M = sm.l[w][h] > 0.0f ? fmaxf(M, sm.m[w][h]) : M;
-        float L = 0.0f, acc = 0.0f;
-        if (M != -INFINITY) {
+        float f[kFWarps], L = 0.0f;
 #pragma unroll
-            for (int w = 0; w < kFWarps; w++) {
-                if (sm.l[w][h] > 0.0f) {
-                    const float f = exp2f(sm.m[w][h] - M);
-                    L += f * sm.l[w][h];
-                    acc += f * (s_o[((size_t)w * kMaxGroup + h) * D + x] + sm.z[w][h]);
-                }
-            }
+        for (int w = 0; w < kFWarps; w++) {
+            f[w] = M != -INFINITY && sm.l[w][h] > 0.0f ? exp2f(sm.m[w][h] - M) : 0.0f;
+            L += f[w] * sm.l[w][h];
         }
-        sm.q[h][x] = L > 0.0f ? acc / L : 0.0f;
-        if (x == 0 && h < bk.gh) {
+        const float rL = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+        for (int w = 0; w < kFWarps; w++)
+            sm.l[w][h] = f[w] * rL;
+        if (h < bk.gh) {
             a.part_m[part * a.q_heads + bk.h0 + h] = L > 0.0f ? M * kLn2 : -INFINITY;
             a.part_l[part * a.q_heads + bk.h0 + h] = L;
         }
     }
     __syncthreads();
-    if (FMT == KV_FMT_TQ3) {
-        for (uint32_t hs = 1; hs < (uint32_t)D; hs <<= 1) {
-            for (uint32_t i = tid; i < kMaxGroup * D / 2; i += kFThreads) {
-                const uint32_t h = i / (D / 2), j = i % (D / 2);
-                const uint32_t lo = (j / hs) * 2 * hs + j % hs;
-                const float x = sm.q[h][lo], y = sm.q[h][lo + hs];
-                sm.q[h][lo] = x + y;
-                sm.q[h][lo + hs] = x - y;
-            }
-            __syncthreads();
+    for (uint32_t i = tid; i < kMaxGroup * D; i += kFThreads) {
+        const uint32_t h = i / D, x = i % D; /* h is warp-uniform (D ≥ 64) */
+        float acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kFWarps; w++) {
+            const float gw = sm.l[w][h];
+            if (gw != 0.0f)
+                acc += gw * (s_o[((size_t)w * kMaxGroup + h) * C::kORow + x + x / 32] +
+                             sm.z[w][h]);
         }
+        sm.q[h][x] = acc;
+    }
+    __syncthreads();
+    if (FMT == KV_FMT_TQ3) {
+        fwht_smem<D>(sm.q, tid);
     }
     const float post = FMT == KV_FMT_TQ3 ? (float)(1.0 / sqrt((double)D)) : 1.0f;
     for (uint32_t i = tid; i < bk.gh * D; i += kFThreads) {
@@ -1139,6 +1213,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
             v = v * post * kv_rot_sign(geo.seed, x);
         a.part_o[(part * a.q_heads + bk.h0 + h) * D + x] = v;
     }
+    TRACE(4 + 3 * FMT);
 }
 
 /* the empty partition of kvkern.h: (−inf, 0, Ō = 0) */
@@ -1160,11 +1235,13 @@ template <int D>
 __global__ void __launch_bounds__(kFThreads, FastCfg<D>::kMinBlocks) attn_fast_kernel(AttnArgs a)
 {
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ float s_q[kMaxGroup][D];
+    __shared__ __align__(16) float s_q[kMaxGroup][FastQRow<D>::kLen];
     __shared__ float s_m[kFWarps][kMaxGroup], s_l[kFWarps][kMaxGroup], s_z[kFWarps][kMaxGroup];
     __shared__ uint32_t s_tn[kFWarps][8];
     __shared__ uint32_t s_lutk[kLutKWords];
 
+    TRACE_GT(10);
+    TRACE(0);
     FastBlock bk;
     bk.kvh = blockIdx.x / a.head_groups;
     const uint32_t hg = blockIdx.x % a.head_groups;
@@ -1182,18 +1259,28 @@ __global__ void __launch_bounds__(kFThreads, FastCfg<D>::kMinBlocks) attn_fast_k
     bk.p0 = (uint32_t)min((uint64_t)bk.split * chunk, (uint64_t)live_pages);
     bk.p1 = (uint32_t)min((uint64_t)bk.p0 + chunk, (uint64_t)live_pages);
 
-    /* which formats does this split hold at all? */
+    /* which formats does this split hold at all? (v7: 4 ids, then 4 entries per thread in
+     * flight, instead of one dependent id → entry pair per iteration) */
     bool has8 = false, hast = false;
-    for (uint32_t p = bk.p0 + threadIdx.x; p < bk.p1; p += kFThreads) {
-        const uint32_t id = a.page_ids[bk.ip0 + p];
-        if (id < a.dir_len) {
-            const kv_dir_entry_t e = a.dir[id];
-            const int f = (int)kv_dir_fmt(e);
-            if ((kv_dir_flags(e) & KV_DIR_VALID) && f < KV_FMT_COUNT &&
-                kv_dir_phys(e) < a.pools.pages[f])
-                (f == KV_FMT_FP8 ? has8 : hast) = true;
+    for (uint32_t pb = bk.p0 + threadIdx.x; pb < bk.p1; pb += 4 * kFThreads) {
+        uint32_t id[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t p = pb + (uint32_t)k * kFThreads;
+            id[k] = p < bk.p1 ? a.page_ids[bk.ip0 + p] : 0xffffffffu;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (id[k] < a.dir_len) {
+                const kv_dir_entry_t e = a.dir[id[k]];
+                const int f = (int)kv_dir_fmt(e);
+                if ((kv_dir_flags(e) & KV_DIR_VALID) && f < KV_FMT_COUNT &&
+                    kv_dir_phys(e) < a.pools.pages[f])
+                    (f == KV_FMT_FP8 ? has8 : hast) = true;
+            }
         }
     }
+    TRACE(1);
     const bool h8 = __syncthreads_or(has8) != 0;
     const bool ht = __syncthreads_or(hast) != 0;
 
@@ -1206,26 +1293,51 @@ __global__ void __launch_bounds__(kFThreads, FastCfg<D>::kMinBlocks) attn_fast_k
         fast_phase<D, KV_FMT_TQ3>(a, bk, sm);
     else
         fast_empty<D>(a, bk, KV_FMT_TQ3);
+    TRACE(8);
+#ifdef KVK_ATTN_TRACE
+    {
+        uint32_t smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        trace_put(12, smid);
+    }
+#endif
+    TRACE_GT(11);
+}
+
+/* Weight of partition (m, l) in the merge with maximum M (natural-log units). */
+__device__ __forceinline__ float merge_weight(float m, float l, float M)
+{
+    return l > 0.0f && M != -INFINITY ? expf(m - M) * l : 0.0f;
 }
 
 /* One block per (query head, sequence), one thread per coordinate. (m, l) of the partitions
  * are staged in shared memory in chunks so that the Ō loads of different partitions are
  * independent and stay in flight together (a first version that walked the partitions with
- * dependent global loads cost ~0.1–0.2 ms at 128 partitions). */
+ * dependent global loads cost ~0.1–0.2 ms at 128 partitions). v7: the non-empty partitions of
+ * a chunk are compacted first (half of them are empty when a split holds one format) and
+ * their Ō loads go out 16 at a time without a per-partition branch; skipping an empty
+ * partition changes no bit (its weight is +0 and its Ō was never added). */
 constexpr int kMergeChunk = 512;
+constexpr int kMergeUnroll = 16;
 __global__ void attn_merge_kernel(uint32_t parts, uint32_t q_heads, uint32_t d,
                                   const float *__restrict__ pm, const float *__restrict__ pl,
                                   const float *__restrict__ po, float *__restrict__ out)
 {
-    __shared__ float s_m[kMergeChunk], s_w[kMergeChunk];
+    __shared__ float s_l[kMergeChunk], s_w[kMergeChunk];
+    __shared__ uint32_t s_j[kMergeChunk + 1]; /* compacted list, count at [kMergeChunk] */
     __shared__ float s_red[KV_MAX_HEAD_DIM / 32];
     const uint32_t h = blockIdx.x, s = blockIdx.y, x = threadIdx.x;
-    /* pass 1: M = max over non-empty partitions */
+    /* pass 1: M = max over non-empty partitions; (m, l) kept in smem when one chunk holds
+     * them all (v7: saves the second round trip to L2) */
+    const bool one = parts <= (uint32_t)kMergeChunk;
     float M = -INFINITY;
     for (uint32_t j = x; j < parts; j += blockDim.x) {
         const size_t i = ((size_t)s * parts + j) * q_heads + h;
-        if (pl[i] > 0.0f)
-            M = fmaxf(M, pm[i]);
+        const float l = pl[i], m = pm[i];
+        if (one)
+            s_l[j] = l, s_w[j] = m;
+        if (l > 0.0f)
+            M = fmaxf(M, m);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
@@ -1237,24 +1349,50 @@ __global__ void attn_merge_kernel(uint32_t parts, uint32_t q_heads, uint32_t d,
     for (uint32_t w = 0; w < (blockDim.x + 31) / 32; w++)
         M = fmaxf(M, s_red[w]);
     float L = 0.0f, acc = 0.0f;
-    if (M != -INFINITY) {
-        for (uint32_t c0 = 0; c0 < parts; c0 += kMergeChunk) {
-            const uint32_t n = min((uint32_t)kMergeChunk, parts - c0);
-            __syncthreads();
-            for (uint32_t j = x; j < n; j += blockDim.x) {
+    for (uint32_t c0 = 0; c0 < parts && M != -INFINITY; c0 += kMergeChunk) {
+        const uint32_t n = min((uint32_t)kMergeChunk, parts - c0);
+        __syncthreads();
+        for (uint32_t j = x; j < n; j += blockDim.x) { /* same j ↔ thread map as pass 1 */
+            if (one) {
+                s_w[j] = merge_weight(s_w[j], s_l[j], M);
+            } else {
                 const size_t i = ((size_t)s * parts + c0 + j) * q_heads + h;
                 const float l = pl[i];
-                s_w[j] = l > 0.0f ? expf(pm[i] - M) * l : 0.0f;
-                s_m[j] = l;
+                s_w[j] = merge_weight(pm[i], l, M);
+                s_l[j] = l;
             }
-            __syncthreads();
-#pragma unroll 8
-            for (uint32_t j = 0; j < n; j++) {
-                const size_t i = ((size_t)s * parts + c0 + j) * q_heads + h;
-                const float w = s_w[j];
-                L += w;
-                if (s_m[j] > 0.0f) /* empty partitions may hold anything in Ō */
-                    acc += w * po[i * d + x];
+        }
+        __syncthreads();
+        const uint32_t lanes = min(32u, blockDim.x); /* warp 0, whole even when d < 32 */
+        if (x < lanes) { /* non-empty partitions in order (empty ones may hold anything in Ō) */
+            const uint32_t mask = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
+            uint32_t cnt = 0;
+            for (uint32_t j0 = 0; j0 < n; j0 += lanes) {
+                const bool keep = j0 + x < n && s_l[j0 + x] > 0.0f;
+                const uint32_t bal = __ballot_sync(mask, keep);
+                if (keep)
+                    s_j[cnt + __popc(bal & ((1u << x) - 1u))] = j0 + x;
+                cnt += __popc(bal);
+            }
+            if (x == 0)
+                s_j[kMergeChunk] = cnt;
+        }
+        __syncthreads();
+        const uint32_t nk = s_j[kMergeChunk];
+        for (uint32_t q0 = 0; q0 < nk; q0 += kMergeUnroll) {
+            float v[kMergeUnroll];
+#pragma unroll
+            for (int u = 0; u < kMergeUnroll; u++) {
+                const uint32_t j = q0 + u < nk ? s_j[q0 + u] : s_j[q0];
+                v[u] = po[(((size_t)s * parts + c0 + j) * q_heads + h) * d + x];
+            }
+#pragma unroll
+            for (int u = 0; u < kMergeUnroll; u++) {
+                if (q0 + u < nk) {
+                    const float w = s_w[s_j[q0 + u]];
+                    L += w;
+                    acc = fmaf(w, v[u], acc);
+                }
             }
         }
     }
@@ -1454,3 +1592,15 @@ extern "C" kvk_status_t kvk_cuda_attn_decode(const kv_geom_t *g, const kv_pools_
     return kvk_cuda_attn_merge(b->batch, num_splits * KV_FMT_COUNT, b->q_heads, g->head_dim, pm,
                                pl, po, out, stream);
 }
+
+#ifdef KVK_ATTN_TRACE
+/* copy the probe records of the last launch (g_trace), or clear them; trace builds only */
+extern "C" int kvk_cuda_attn_trace(unsigned long long *host, size_t blocks, int clear)
+{
+    static unsigned long long zero[kTraceBlocks][16];
+    if (clear)
+        return cudaMemcpyToSymbol(g_trace, zero, sizeof zero) == cudaSuccess ? 0 : -1;
+    const size_t n = (blocks < (size_t)kTraceBlocks ? blocks : (size_t)kTraceBlocks) * 16 * 8;
+    return cudaMemcpyFromSymbol(host, g_trace, n) == cudaSuccess ? 0 : -1;
+}
+#endif

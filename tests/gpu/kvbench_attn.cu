@@ -10,6 +10,12 @@
  * median time. Each timed sample is a CUDA graph of `reps` decode calls, each call on a
  * different page set where the pool has room (so that 8K tokens, ~50 MB, is not served from
  * the 60 MB L2 on repeats). Ceiling: cudaMemcpy device-to-device of 2 GiB, read + write.
+ * Per case: "ms" = kvk_cuda_attn_decode (v7: merge launched behind the partial kernel with
+ * programmatic stream serialization), "ms_two_pass" = kvk_cuda_attn_partial +
+ * kvk_cuda_attn_merge as plain launches, "ms_partial" = the partial kernel alone. Rows with
+ * "sweep": decode at other split counts at 32K. Env: KVBENCH_LENS=32768,... only those lengths,
+ * KVBENCH_SWEEP=0 no sweep. Built with -DKVK_ATTN_TRACE (with attn.cu) it also prints a
+ * per-block timeline summary of one decode call per case ("trace" rows).
  * Pages hold valid random codes (no NaN codes): timings on zeros would flatter.
  */
 #include "kvkern.h"
@@ -21,6 +27,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <string>
 #include <vector>
 
 #define CK(call)                                                                                   \
@@ -68,6 +76,49 @@ __global__ void fill_pool(uint8_t *base, uint64_t bytes, kv_geom_t g, int fmt, u
         *reinterpret_cast<uint32_t *>(base + i) = v;
     }
 }
+
+#ifdef KVK_ATTN_TRACE
+/* timeline probe of attn.cu (trace builds only): one decode call, per-block phase averages */
+extern "C" int kvk_cuda_attn_trace(unsigned long long *host, size_t blocks, int clear);
+static void trace_row(uint32_t nblk, const char *what)
+{
+    std::vector<unsigned long long> t((size_t)nblk * 16);
+    if (kvk_cuda_attn_trace(t.data(), nblk, 0) != 0)
+        exit(3);
+    unsigned long long g0 = ~0ull, g0max = 0, g1min = ~0ull, g1 = 0;
+    double sum[10] = {0}, cnt[10] = {0}, cyc = 0, ns = 0;
+    for (uint32_t b = 0; b < nblk; b++) {
+        const unsigned long long *r = &t[(size_t)b * 16];
+        g0 = std::min(g0, r[10]), g0max = std::max(g0max, r[10]);
+        g1 = std::max(g1, r[11]), g1min = std::min(g1min, r[11]);
+        cyc += (double)(r[8] - r[0]), ns += (double)(r[11] - r[10]);
+        /* kcycles: 0 prescan, 1 fp8 prologue, 2 fp8 loop (warp 0), 3 fp8 epilogue, 4 tq3
+         * prologue, 5 tq3 loop, 6 tq3 epilogue, 7 end of the last phase → exit, 8/9 part of
+         * the fp8/tq3 epilogue spent waiting for the block's other warps; -1: phase absent */
+        const unsigned long long p8 = r[2] ? r[4] : r[1];
+        const double d[10] = {(double)(r[1] - r[0]),
+                              r[2] ? (double)(r[2] - r[1]) : -1,
+                              r[2] ? (double)(r[3] - r[2]) : -1,
+                              r[2] ? (double)(r[4] - r[3]) : -1,
+                              r[5] ? (double)(r[5] - p8) : -1,
+                              r[5] ? (double)(r[6] - r[5]) : -1,
+                              r[5] ? (double)(r[7] - r[6]) : -1,
+                              (double)(r[8] - (r[5] ? r[7] : p8)),
+                              r[2] ? (double)(r[14] - r[3]) : -1,
+                              r[5] ? (double)(r[15] - r[6]) : -1};
+        for (int k = 0; k < 10; k++)
+            if (d[k] >= 0)
+                sum[k] += d[k], cnt[k] += 1;
+    }
+    printf(",\n    {\"trace\": \"%s\", \"blocks\": %u, \"span_us\": %.2f, "
+           "\"start_spread_us\": %.2f, \"first_end_us\": %.2f, \"ghz\": %.3f, "
+           "\"avg_kcycles\": [",
+           what, nblk, (g1 - g0) / 1e3, (g0max - g0) / 1e3, (g1min - g0) / 1e3, cyc / ns);
+    for (int k = 0; k < 10; k++)
+        printf("%s%.2f", k ? ", " : "", cnt[k] ? sum[k] / cnt[k] / 1e3 : -1.0);
+    printf("]}");
+}
+#endif
 
 static float median(std::vector<float> v)
 {
@@ -150,6 +201,11 @@ int main(void)
         CK(cudaMemcpy(ddir, dir.data(), dir.size() * 8, cudaMemcpyHostToDevice));
 
         for (uint32_t L : lens) {
+            /* KVBENCH_LENS=32768,...: only these lengths (quick A/B runs); KVBENCH_SWEEP=0: no
+             * split sweep */
+            const char *only = getenv("KVBENCH_LENS");
+            if (only && !strstr(only, std::to_string(L).c_str()))
+                continue;
             const uint32_t np = L / 16, need = S.B * np;
             const uint32_t sets = std::min<uint32_t>(8, maxpages / need);
             const uint32_t splits = kvk_cuda_attn_suggest_splits(S.B, S.KVH, S.H, S.D, np,
@@ -179,47 +235,105 @@ int main(void)
                 CK(cudaMemcpy(dind, ind.data(), ind.size() * 4, cudaMemcpyHostToDevice));
                 CK(cudaMemcpy(dsl, sl.data(), sl.size() * 4, cudaMemcpyHostToDevice));
                 const int reps = 8;
-                cudaGraph_t graph;
-                cudaGraphExec_t exec;
-                /* warm up outside the capture */
                 kv_attn_batch_t b = {S.B, S.H, 0, 1.0f / sqrtf((float)S.D), dind, dids, dsl};
-                KCK(kvk_cuda_attn_decode(&g, &pools, ddir, (uint32_t)dir.size(), &b, q, splits,
-                                         ws, wsb, out, st));
-                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-                for (int r = 0; r < reps; r++) {
-                    kv_attn_batch_t br = b;
-                    br.page_ids = dids + (size_t)(r % sets) * need;
-                    KCK(kvk_cuda_attn_decode(&g, &pools, ddir, (uint32_t)dir.size(), &br, q,
-                                             splits, ws, wsb, out, st));
-                }
-                CK(cudaStreamEndCapture(st, &graph));
-                CK(cudaGraphInstantiate(&exec, graph, 0));
-                CK(cudaGraphLaunch(exec, st));
-                std::vector<float> ts;
-                for (int i = 0; i < 9; i++) {
-                    CK(cudaEventRecord(e0, st));
-                    CK(cudaGraphLaunch(exec, st));
-                    CK(cudaEventRecord(e1, st));
-                    CK(cudaEventSynchronize(e1));
-                    float ms;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    ts.push_back(ms / reps);
-                }
-                std::vector<float> ho(hq.size());
-                CK(cudaMemcpy(ho.data(), out, ho.size() * 4, cudaMemcpyDeviceToHost));
+                /* median per-call time of a graph of `reps` calls of variant v (call r reads
+                 * page set r % sets) with num_splits ns; the output of the last call is checked
+                 * to be finite */
                 int finite = 1;
-                for (float x : ho)
-                    finite &= isfinite(x) ? 1 : 0;
-                const float ms = median(ts);
+                auto timed = [&](int v, uint32_t ns, void *wsp, size_t wsn) -> float {
+                    const uint64_t rows = (uint64_t)S.B * ns * KV_FMT_COUNT * S.H;
+                    float *pm = (float *)wsp, *pl = pm + rows, *po = pl + rows;
+                    auto call = [&](const kv_attn_batch_t &br) {
+                        if (v == 0)
+                            KCK(kvk_cuda_attn_decode(&g, &pools, ddir, (uint32_t)dir.size(), &br,
+                                                     q, ns, wsp, wsn, out, st));
+                        else
+                            KCK(kvk_cuda_attn_partial(&g, &pools, ddir, (uint32_t)dir.size(), &br,
+                                                      q, ns, pm, pl, po, st));
+                        if (v == 1)
+                            KCK(kvk_cuda_attn_merge(S.B, ns * KV_FMT_COUNT, S.H, S.D, pm, pl, po,
+                                                    out, st));
+                    };
+                    call(b); /* warm up outside the capture */
+                    cudaGraph_t graph;
+                    cudaGraphExec_t exec;
+                    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                    for (int r = 0; r < reps; r++) {
+                        kv_attn_batch_t br = b;
+                        br.page_ids = dids + (size_t)(r % sets) * need;
+                        call(br);
+                    }
+                    CK(cudaStreamEndCapture(st, &graph));
+                    CK(cudaGraphInstantiate(&exec, graph, 0));
+                    CK(cudaGraphLaunch(exec, st));
+                    std::vector<float> ts;
+                    for (int i = 0; i < 9; i++) {
+                        CK(cudaEventRecord(e0, st));
+                        CK(cudaGraphLaunch(exec, st));
+                        CK(cudaEventRecord(e1, st));
+                        CK(cudaEventSynchronize(e1));
+                        float ms;
+                        CK(cudaEventElapsedTime(&ms, e0, e1));
+                        ts.push_back(ms / reps);
+                    }
+                    CK(cudaGraphExecDestroy(exec));
+                    CK(cudaGraphDestroy(graph));
+                    if (v != 2) {
+                        std::vector<float> ho(hq.size());
+                        CK(cudaMemcpy(ho.data(), out, ho.size() * 4, cudaMemcpyDeviceToHost));
+                        for (float x : ho)
+                            finite &= isfinite(x) ? 1 : 0;
+                    }
+                    return median(ts);
+                };
+                /* v0 decode (v7: the merge launched behind the partial kernel with
+                 * programmatic stream serialization), v1 partial + merge as two plain launches,
+                 * v2 the partial kernel alone */
+                float tv[3];
+                for (int v = 0; v < 3; v++)
+                    tv[v] = timed(v, splits, ws, wsb);
+                const float ms = tv[0];
                 printf("%s    {\"B\": %u, \"q_heads\": %u, \"kv_heads\": %u, \"d\": %u, "
                        "\"tokens\": %u, \"mode\": \"%s\", \"splits\": %u, \"page_sets\": %u, "
-                       "\"bytes\": %llu, \"ms\": %.5f, \"gbps\": %.1f, \"out_finite\": %d}",
+                       "\"bytes\": %llu, \"ms\": %.5f, \"gbps\": %.1f, \"ms_two_pass\": %.5f, "
+                       "\"ms_partial\": %.5f, \"out_finite\": %d}",
                        first ? "" : ",\n", S.B, S.H, S.KVH, S.D, L, modes[mode], splits, sets,
-                       (unsigned long long)bytes, ms, bytes / (ms * 1e6), finite);
+                       (unsigned long long)bytes, ms, bytes / (ms * 1e6), tv[1], tv[2], finite);
                 first = false;
+#ifdef KVK_ATTN_TRACE
+                {
+                    CK(cudaStreamSynchronize(st));
+                    if (kvk_cuda_attn_trace(nullptr, 0, 1) != 0)
+                        exit(3);
+                    KCK(kvk_cuda_attn_decode(&g, &pools, ddir, (uint32_t)dir.size(), &b, q,
+                                             splits, ws, wsb, out, st));
+                    CK(cudaStreamSynchronize(st));
+                    char what[64];
+                    snprintf(what, sizeof what, "B%u d%u %uK %s", S.B, S.D, L / 1024,
+                             modes[mode]);
+                    trace_row(S.B * S.KVH * ((S.H / S.KVH + 7) / 8) * splits, what);
+                }
+#endif
                 fflush(stdout);
-                CK(cudaGraphExecDestroy(exec));
-                CK(cudaGraphDestroy(graph));
+                /* split-count sweep at 32K (fp8 and mix), decode */
+                const char *sweep_env = getenv("KVBENCH_SWEEP");
+                if (L == 32768 && mode != 1 && !(sweep_env && strcmp(sweep_env, "0") == 0)) {
+                    const std::vector<uint32_t> sweep =
+                        S.D == 128 ? std::vector<uint32_t>{4, 6, 12, 16}
+                                   : std::vector<uint32_t>{16, 24, 48, 66};
+                    for (uint32_t ns : sweep) {
+                        const size_t wn = kvk_cuda_attn_workspace_bytes(S.B, S.H, S.D, ns);
+                        void *w2;
+                        CK(cudaMalloc(&w2, wn));
+                        const float t1 = timed(0, ns, w2, wn);
+                        printf(",\n    {\"sweep\": 1, \"B\": %u, \"d\": %u, \"tokens\": %u, "
+                               "\"mode\": \"%s\", \"splits\": %u, \"bytes\": %llu, "
+                               "\"ms\": %.5f, \"gbps\": %.1f}",
+                               S.B, S.D, L, modes[mode], ns, (unsigned long long)bytes, t1,
+                               bytes / (t1 * 1e6));
+                        CK(cudaFree(w2));
+                    }
+                }
                 CK(cudaFree(dids));
                 CK(cudaFree(dind));
                 CK(cudaFree(dsl));

@@ -16,8 +16,10 @@
  *            physical order, 1 and 3 splits: partials vs kv_attn_partial, merged output vs the
  *            CPU twin and vs kv_attn_reference (float64), relative L2 error ≤ 1e-3 (fp16
  *            query / centroid / P operands of the MMAs give a few 1e-4, see attn.cu);
- *   graph    kvk_cuda_attn_decode captured in a CUDA graph and replayed into a poisoned
- *            output: must equal the direct launch bit for bit.
+ *   decode   kvk_cuda_attn_decode on a poisoned workspace, then captured in a CUDA graph and
+ *            replayed twice into a poisoned output: each must equal partial + merge bit for
+ *            bit; 1, 3 and 150 splits (the merge compacts the non-empty partitions of chunks
+ *            of 512: 300 partitions, most of them empty).
  */
 #include "kvkern.h"
 #include "kvkern_cuda.h"
@@ -315,7 +317,7 @@ static void run_geometry(const Geo &G, bool small)
                                ref.data());
     check(rc == KVK_OK, "attn reference", "rc %d", rc);
 
-    for (uint32_t ns : {1u, 3u}) {
+    for (uint32_t ns : {1u, 3u, 150u}) {
         const uint32_t parts = kv_attn_num_parts(B, ns);
         std::vector<float> cm(parts * H), cl(parts * H), co((size_t)parts * H * d);
         rc = kv_attn_partial(&g, &hp, dir.data(), (uint32_t)dir.size(), &hb, q.data(), ns,
@@ -364,11 +366,15 @@ static void run_geometry(const Geo &G, bool small)
               "splits %u: rel %.2e (cpu twin itself %.1e)", ns, e_ref, e_tr);
         check(e_twin <= 1e-3, "attn out vs cpu twin", "splits %u: rel %.2e", ns, e_twin);
 
-        /* decode through the workspace, then the same call captured in a graph */
+        /* decode through a workspace poisoned with 0xff, then the same call captured in a
+         * graph and replayed twice with the output poisoned before each replay. Every result
+         * must be the partial + merge output bit for bit. */
         size_t wsb = kvk_cuda_attn_workspace_bytes(B, H, d, ns);
         void *ws = nullptr;
         CK(cudaMalloc(&ws, wsb));
+        CK(cudaMemset(ws, 0xff, wsb));
         float *o2 = dalloc<float>(out.size());
+        CK(cudaMemset(o2, 0xff, out.size() * 4));
         cudaStream_t st;
         CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
         KCK(kvk_cuda_attn_decode(&g, &dp, ddir, (uint32_t)dir.size(), &db, dq, ns, ws, wsb, o2,
@@ -376,7 +382,8 @@ static void run_geometry(const Geo &G, bool small)
         CK(cudaStreamSynchronize(st));
         std::vector<float> direct(out.size()), replay(out.size());
         d2h(direct.data(), o2, direct.size());
-        CK(cudaMemset(o2, 0xff, out.size() * 4));
+        check(memcmp(direct.data(), out.data(), out.size() * 4) == 0,
+              "decode == partial+merge", "splits %u", ns);
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -385,13 +392,15 @@ static void run_geometry(const Geo &G, bool small)
         CK(cudaStreamEndCapture(st, &graph));
         check(cr == KVK_OK, "graph capture of decode", "rc %d", (int)cr);
         CK(cudaGraphInstantiate(&exec, graph, 0));
-        CK(cudaGraphLaunch(exec, st));
-        CK(cudaGraphLaunch(exec, st));
-        CK(cudaStreamSynchronize(st));
-        d2h(replay.data(), o2, replay.size());
-        check(memcmp(direct.data(), replay.data(), direct.size() * 4) == 0 &&
-                  memcmp(direct.data(), out.data(), out.size() * 4) == 0,
-              "graph replay == direct == partial+merge", "splits %u", ns);
+        bool same = true;
+        for (int r = 0; r < 2; r++) {
+            CK(cudaMemsetAsync(o2, 0xff, out.size() * 4, st));
+            CK(cudaGraphLaunch(exec, st));
+            CK(cudaStreamSynchronize(st));
+            d2h(replay.data(), o2, replay.size());
+            same = same && memcmp(direct.data(), replay.data(), direct.size() * 4) == 0;
+        }
+        check(same, "graph replay x2 == direct == partial+merge", "splits %u", ns);
         CK(cudaGraphExecDestroy(exec));
         CK(cudaGraphDestroy(graph));
         CK(cudaStreamDestroy(st));
