@@ -8,9 +8,10 @@
  *   three with 40-300 pages per sequence so that the v2 kernel's per-warp rings wrap):
  *   append   fp16 or bf16 rows into a poisoned FP8 pool, every slot of every page, random
  *            order; the whole pool must equal kv_fp8_append's, byte for byte;
- *   retier   half of the FP8 pages → TQ3 (batch); codes compared one by one (mismatches are
- *            counted and must be 0), FP16 metadata must be equal or 1 ulp apart (convert.cu
- *            says why a 1-ulp difference is possible in principle), every other byte equal;
+ *   retier   half of the FP8 pages → TQ3 (batch), a third of their rows crafted edge cases
+ *            (zeros of both signs, NaN code, scale 0 / 1e30 / subnormal, constant rows);
+ *            codes compared one by one (mismatches counted, must be 0), FP16 metadata and
+ *            every other byte must be identical (tq3.c's pairwise sums are the GPU's order);
  *   promote  TQ3 → FP8 from the same TQ3 bytes on both sides: byte-exact;
  *   attention batch 3, lengths not multiples of page_tokens, pages of mixed formats in random
  *            physical order, 1 and 3 splits: partials vs kv_attn_partial, merged output vs the
@@ -207,58 +208,88 @@ static void run_geometry(const Geo &G, bool small)
         check(diff == 0, "append fp8 bit-exact", "%zu of %zu bytes differ", diff, got.size());
     }
 
-    /* ---- retier: FP8 phys i → TQ3 phys permt... (first PT FP8 pages) ---- */
+    /* ---- retier: FP8 phys i → TQ3 phys PT-1-i (the first PT FP8 pages), twice. Pass 0: every
+     * third token of each block is a crafted row (same bytes on both sides): all ±0 codes, one
+     * large code, a NaN code, scale 0, scale 1e30, a subnormal scale, a constant row — K rows
+     * that are not live, V rows with a non-finite value, zero extremes of either sign, exact
+     * ties. Pass 1: the appended rows as they are; promote and attention continue from it. */
     std::vector<uint32_t> rs(PT), rd(PT);
     for (uint32_t i = 0; i < PT; i++)
         rs[i] = i, rd[i] = PT - 1 - i;
     uint32_t *drs = dalloc<uint32_t>(PT), *drd = dalloc<uint32_t>(PT);
     h2d(drs, rs.data(), PT);
     h2d(drd, rd.data(), PT);
-    KCK(kvk_cuda_page_retier(&g, &dp, PT, drs, drd, 0));
-    for (uint32_t i = 0; i < PT; i++)
-        kv_page_retier(&g, h8.data() + rs[i] * pb8, ht.data() + rd[i] * pbt);
-    {
-        std::vector<uint8_t> got(ht.size());
-        d2h(got.data(), dt, got.size());
-        size_t code_mis = 0, codes = 0, meta_diff = 0, meta_big = 0, other = 0;
-        for (uint32_t p = 0; p < PT; p++) {
-            const uint8_t *a = got.data() + p * pbt, *b = ht.data() + p * pbt;
-            std::vector<uint8_t> mask(pbt, 0); /* bytes checked by code/meta comparisons */
+    const std::vector<uint8_t> h8_plain = h8;
+    for (int pass = 0; pass < 2; pass++) {
+        const char *what = pass == 0 ? "edge rows" : "appended rows";
+        h8 = h8_plain;
+        for (uint32_t p = 0; pass == 0 && p < PT; p++)
             for (uint32_t l = 0; l < G.layers; l++)
                 for (int kind = 0; kind < 2; kind++)
                     for (uint32_t h = 0; h < G.kv_heads; h++) {
-                        uint64_t bo = kv_block_offset(&g, KV_FMT_TQ3, l, kind, h);
-                        uint64_t mo = bo + kv_block_meta_offset(&g, KV_FMT_TQ3);
-                        for (uint32_t t = 0; t < G.pt; t++) {
-                            const uint32_t *wa =
-                                (const uint32_t *)(a + bo) + (uint64_t)t * (d / 32) * 3;
-                            const uint32_t *wb =
-                                (const uint32_t *)(b + bo) + (uint64_t)t * (d / 32) * 3;
-                            for (uint32_t i = 0; i < d; i++, codes++)
-                                code_mis += kv_tq3_code_get(wa, i) != kv_tq3_code_get(wb, i);
-                            for (uint64_t k = 0; k < (uint64_t)(d / 32) * 12; k++)
-                                mask[bo + (uint64_t)t * (d / 32) * 12 + k] = 1;
-                            const int nm = kind == 0 ? 1 : 2;
-                            for (int m = 0; m < nm; m++) {
-                                uint64_t off = mo + ((uint64_t)m * G.pt + t) * 2;
-                                uint16_t ha, hb;
-                                memcpy(&ha, a + off, 2), memcpy(&hb, b + off, 2);
-                                int ud = abs((int)ha - (int)hb);
-                                meta_diff += ud != 0;
-                                meta_big += ud > 1;
-                                mask[off] = mask[off + 1] = 1;
-                            }
+                        uint8_t *blk =
+                            h8.data() + p * pb8 + kv_block_offset(&g, KV_FMT_FP8, l, kind, h);
+                        float *sc = (float *)(blk + kv_block_meta_offset(&g, KV_FMT_FP8));
+                        for (uint32_t t = 1; t < G.pt; t += 3) {
+                            uint8_t *c = blk + (uint64_t)t * d;
+                            const uint32_t pat = (p + l + h + t / 3 + (uint32_t)kind) % 7;
+                            for (uint32_t i = 0; i < d; i++) /* 0x38 = 1.0, 0x80 = −0 */
+                                c[i] = pat == 6 ? 0x38 : (rnd() & 1) ? 0x80 : 0x00;
+                            if (pat == 1 || pat == 4 || pat == 5)
+                                c[rnd() % d] = 0x40 | (uint8_t)(rnd() & 0xbf); /* |x| ≥ 2 */
+                            if (pat == 2)
+                                c[rnd() % d] = 0x7f; /* NaN */
+                            if (pat >= 3 && pat <= 5)
+                                sc[t] = pat == 3 ? 0.0f : pat == 4 ? 1e30f : 1e-40f;
                         }
                     }
-            for (uint64_t i = 0; i < pbt; i++)
-                other += !mask[i] && a[i] != b[i];
+        h2d(d8, h8.data(), h8.size());
+        KCK(kvk_cuda_page_retier(&g, &dp, PT, drs, drd, 0));
+        for (uint32_t i = 0; i < PT; i++)
+            kv_page_retier(&g, h8.data() + rs[i] * pb8, ht.data() + rd[i] * pbt);
+        {
+            std::vector<uint8_t> got(ht.size());
+            d2h(got.data(), dt, got.size());
+            size_t code_mis = 0, codes = 0, meta_diff = 0, meta_big = 0, other = 0;
+            for (uint32_t p = 0; p < PT; p++) {
+                const uint8_t *a = got.data() + p * pbt, *b = ht.data() + p * pbt;
+                std::vector<uint8_t> mask(pbt, 0); /* bytes checked by code/meta comparisons */
+                for (uint32_t l = 0; l < G.layers; l++)
+                    for (int kind = 0; kind < 2; kind++)
+                        for (uint32_t h = 0; h < G.kv_heads; h++) {
+                            uint64_t bo = kv_block_offset(&g, KV_FMT_TQ3, l, kind, h);
+                            uint64_t mo = bo + kv_block_meta_offset(&g, KV_FMT_TQ3);
+                            for (uint32_t t = 0; t < G.pt; t++) {
+                                const uint32_t *wa =
+                                    (const uint32_t *)(a + bo) + (uint64_t)t * (d / 32) * 3;
+                                const uint32_t *wb =
+                                    (const uint32_t *)(b + bo) + (uint64_t)t * (d / 32) * 3;
+                                for (uint32_t i = 0; i < d; i++, codes++)
+                                    code_mis += kv_tq3_code_get(wa, i) != kv_tq3_code_get(wb, i);
+                                for (uint64_t k = 0; k < (uint64_t)(d / 32) * 12; k++)
+                                    mask[bo + (uint64_t)t * (d / 32) * 12 + k] = 1;
+                                const int nm = kind == 0 ? 1 : 2;
+                                for (int m = 0; m < nm; m++) {
+                                    uint64_t off = mo + ((uint64_t)m * G.pt + t) * 2;
+                                    uint16_t ha, hb;
+                                    memcpy(&ha, a + off, 2), memcpy(&hb, b + off, 2);
+                                    int ud = abs((int)ha - (int)hb);
+                                    meta_diff += ud != 0;
+                                    meta_big += ud > 1;
+                                    mask[off] = mask[off + 1] = 1;
+                                }
+                            }
+                        }
+                for (uint64_t i = 0; i < pbt; i++)
+                    other += !mask[i] && a[i] != b[i];
+            }
+            check(code_mis == 0, "retier tq3 codes identical", "%s: %zu of %zu codes differ", what,
+                  code_mis, codes);
+            check(meta_diff == 0, "retier fp16 meta identical", "%s: %zu differ, %zu by > 1 ulp",
+                  what, meta_diff, meta_big);
+            check(other == 0, "retier padding bytes", "%s: %zu differ", what, other);
+            ht = got; /* both sides continue from the GPU's TQ3 bytes */
         }
-        check(code_mis == 0, "retier tq3 codes identical", "%zu of %zu codes differ", code_mis,
-              codes);
-        check(meta_big == 0, "retier fp16 meta within 1 ulp", "%zu differ, %zu by > 1 ulp",
-              meta_diff, meta_big);
-        check(other == 0, "retier padding bytes", "%zu differ", other);
-        ht = got; /* both sides continue from the GPU's TQ3 bytes */
     }
 
     /* ---- promote: TQ3 phys i → FP8 phys P8-1-i... into a scratch FP8 pool ---- */
