@@ -14,9 +14,10 @@
  *            every other byte must be identical (tq3.c's pairwise sums are the GPU's order);
  *   promote  TQ3 → FP8 from the same TQ3 bytes on both sides: byte-exact;
  *   attention batch 3, lengths not multiples of page_tokens, pages of mixed formats in random
- *            physical order, 1 and 3 splits: partials vs kv_attn_partial, merged output vs the
- *            CPU twin and vs kv_attn_reference (float64), relative L2 error ≤ 1e-3 (fp16
- *            query / centroid / P operands of the MMAs give a few 1e-4, see attn.cu);
+ *            physical order, 1, 3 and 150 splits: partials vs kv_attn_partial (Ō relative L2
+ *            ≤ 1.5e-3, see the check), merged output vs the CPU twin and vs
+ *            kv_attn_reference (float64), relative L2 error ≤ 1e-3 (fp16 query / centroid /
+ *            P operands of the MMAs give a few 1e-4, see attn.cu);
  *   decode   kvk_cuda_attn_decode on a poisoned workspace, then captured in a CUDA graph and
  *            replayed twice into a poisoned output: each must equal partial + merge bit for
  *            bit; 1, 3 and 150 splits (the merge compacts the non-empty partitions of chunks
@@ -371,7 +372,7 @@ static void run_geometry(const Geo &G, bool small)
         d2h(out.data(), dout, out.size());
         /* partials: empty-ness must agree exactly; m within 5e-3 (natural-log units) and l
          * relative 5e-3: the scores come from fp16 query and centroid operands, first run
-         * showed |Δm| up to ~3e-3 on a handful of partitions; Ō relative L2 ≤ 1e-3 */
+         * showed |Δm| up to ~3e-3 on a handful of partitions; Ō: see below */
         size_t empt = 0, mbad = 0, lbad = 0;
         std::vector<double> cod(co.begin(), co.end());
         for (size_t i = 0; i < cm.size(); i++) {
@@ -386,7 +387,14 @@ static void run_geometry(const Geo &G, bool small)
         check(empt == 0 && mbad == 0 && lbad == 0, "attn partial m/l vs twin",
               "splits %u: %zu empty-mismatch, %zu m, %zu l of %zu", ns, empt, mbad, lbad,
               cm.size());
-        check(eo <= 1e-3, "attn partial O vs twin", "splits %u: rel %.2e", ns, eo);
+        /* Ō of single partitions: 1.5e-3. A partition carries the operand roundings — fp16
+         * query, fp16 centroids (up to 3.3e-4, the same for every key: systematic), fp16
+         * P·scale — without the averaging over partitions that the merged output gets (that
+         * one is held to 1e-3 vs float64 below). 1e-3 here held on the data of v1-v8
+         * (≤ 8.1e-4); the random stream this test draws since the retier edge-row cases
+         * (b565707) gives 1.02e-3 / 1.06e-3 on one geometry with the v5 kernel and v8 alike
+         * (docs/perf.md v8), while its merged output is at 7.8e-4. */
+        check(eo <= 1.5e-3, "attn partial O vs twin", "splits %u: rel %.2e", ns, eo);
         std::vector<float> cout((size_t)B * H * d);
         kv_attn_merge(B, ns * KV_FMT_COUNT, H, d, cm.data(), cl.data(), co.data(), cout.data());
         double e_ref = rel_l2(out.data(), ref.data(), out.size());
