@@ -378,6 +378,14 @@ int kvd_core_seal(kvd_core_t *c, uint64_t sid, uint32_t logical, uint32_t prev,
         c->pool[p->fmt].ncached++;
         c->st.cache_entries++;
         c->st.seals++;
+        /* STORED before the quota runs, so a subscriber never sees a REMOVED for an entry it
+         * was not told about */
+        kvd_index_ev_t ev = {.kind = KVD_INDEX_EV_STORED, .logical = logical,
+                             .fmt = (kv_fmt_t)p->fmt, .hash = p->hash,
+                             .parent = prev == KVD_NONE ? NULL : c->lp[prev].hash,
+                             .tokens = tokens, .ntok = ntok, .extra = extra,
+                             .extra_len = extra_len};
+        kvd__index_event(c, &ev);
         kvd__cache_enforce_quota(c, (kv_fmt_t)p->fmt);
     }
     memcpy(hash_out, h, KVD_HASH_BYTES);
@@ -502,8 +510,7 @@ int kvd_core_cache_evict(kvd_core_t *c, uint32_t logical)
         return kvd__fail(c, KV_ERR_FAILED_PRECONDITION,
                          "evict: logical page %u is pinned (%u pins); unpin it first", logical,
                          c->lp[logical].pins);
-    kvd__cache_evict(c, logical);
-    c->st.evictions_admin++;
+    kvd__cache_evict(c, logical, KVD_EVICT_ADMIN);
     return KV_ERR_OK;
 }
 
@@ -540,6 +547,12 @@ int kvd_core_unpin(kvd_core_t *c, uint32_t logical)
     c->st.pins--;
     kvd__refs_changed(c, logical);
     return KV_ERR_OK;
+}
+
+void kvd_core_set_index_hook(kvd_core_t *c, kvd_index_hook_fn fn, void *ud)
+{
+    c->hook = fn;
+    c->hook_ud = fn ? ud : NULL;
 }
 
 /* ---- conversions ------------------------------------------------------------------------- */
@@ -595,6 +608,12 @@ int kvd_core_convert(kvd_core_t *c, uint32_t logical, kv_fmt_t dst)
     c->pool[dst].pg[dst_phys].state = KVD_PHYS_LIVE;
     uint32_t flags = KV_DIR_VALID | (p->state == KVD_PAGE_SEALED ? KV_DIR_SEALED : 0);
     kvd__dir_publish(c, logical, dst, dst_phys, flags);
+    if (p->cached) {
+        /* only bound pages: an unsealed or unbound page is invisible to a router */
+        kvd_index_ev_t ev = {.kind = KVD_INDEX_EV_FORMAT, .logical = logical, .fmt = dst,
+                             .hash = p->hash};
+        kvd__index_event(c, &ev);
+    }
     /* 5. retire the source: any kernel that resolved the old entry is tagged < epoch + 1 */
     c->bump_pending = 1;
     kvd__phys_retire(c, src, src_phys, KVD_NONE, c->epoch + 1);

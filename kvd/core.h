@@ -254,6 +254,43 @@ int kvd_core_set_cache_quota(kvd_core_t *c, kv_fmt_t f, uint64_t pages);
 int kvd_core_pin(kvd_core_t *c, uint32_t logical);
 int kvd_core_unpin(kvd_core_t *c, uint32_t logical);
 
+/* ---- index events (for kvd/events.c; the core knows no ZeroMQ) ----------------------------
+ * The hook is called synchronously, on the loop thread, every time the prefix index changes:
+ *   STORED   a seal bound a new hash (not on dedupe, not on a 64-bit key collision);
+ *   REMOVED  a binding went away: pressure eviction, quota eviction, admin evict (the one
+ *            funnel, kvd__cache_evict in prefix.c);
+ *   FORMAT   a bound page changed format (kvd_core_convert of a cached page).
+ * Every pointer in the event is borrowed for the duration of the call. The hook must not call
+ * into the core (it runs in the middle of a state change); it may copy and queue. */
+typedef enum kvd_index_ev_kind_e {
+    KVD_INDEX_EV_STORED = 1,
+    KVD_INDEX_EV_REMOVED = 2,
+    KVD_INDEX_EV_FORMAT = 3,
+} kvd_index_ev_kind_t;
+
+typedef enum kvd_evict_why_e {
+    KVD_EVICT_PRESSURE = 0, /* an allocation or conversion needed the page */
+    KVD_EVICT_QUOTA = 1,    /* the cache was over its per-format quota */
+    KVD_EVICT_ADMIN = 2,    /* kvd_core_cache_evict (kvctl cache evict) */
+} kvd_evict_why_t;
+
+typedef struct kvd_index_ev_s {
+    kvd_index_ev_kind_t kind;
+    uint32_t logical;
+    kv_fmt_t fmt;                 /* STORED: format; FORMAT: the new one; REMOVED: at removal */
+    const uint8_t *hash;          /* [KVD_HASH_BYTES] */
+    const uint8_t *parent;        /* STORED: [KVD_HASH_BYTES] of prev, NULL for a first page */
+    const uint32_t *tokens;       /* STORED: [ntok] token ids of the page; NULL otherwise */
+    uint32_t ntok;
+    const uint8_t *extra;         /* STORED: [extra_len] extra hashed with the page */
+    size_t extra_len;
+    kvd_evict_why_t why;          /* REMOVED only */
+} kvd_index_ev_t;
+
+typedef void (*kvd_index_hook_fn)(const kvd_index_ev_t *ev, void *ud);
+/* Install (fn non-NULL) or remove (NULL) the index hook; one hook per core. */
+void kvd_core_set_index_hook(kvd_core_t *c, kvd_index_hook_fn fn, void *ud);
+
 /* ---- conversions (Algorithm 1) ----------------------------------------------------------- */
 /* Convert logical page to format dst (FP8 → TQ3 retier, TQ3 → FP8 promote): take a conv ref,
  * allocate a dst page (evicting as alloc does), backend convert + sync, flip the directory

@@ -93,6 +93,8 @@ struct kvd_core_s {
     uint64_t (*now_ns)(void *ud);
     void *now_ud;
     kvd_stats_t st; /* counters; gauges are filled by kvd_core_stats */
+    kvd_index_hook_fn hook; /* index events (kvd_core_set_index_hook); NULL = none */
+    void *hook_ud;
     char err[512];
 };
 
@@ -131,8 +133,15 @@ uint32_t kvd__index_find(const kvd_core_t *c, const uint8_t hash[KVD_HASH_BYTES]
                          int *collision);
 void kvd__lru_insert_tail(kvd_core_t *c, uint32_t lid);
 void kvd__lru_remove(kvd_core_t *c, uint32_t lid);
-/* Unbind a cached page and drop the cache ref (may retire it). */
-void kvd__cache_evict(kvd_core_t *c, uint32_t lid);
+/* Unbind a cached page and drop the cache ref (may retire it); counts the eviction under its
+ * reason and fires the REMOVED index event. The only way a binding goes away. */
+void kvd__cache_evict(kvd_core_t *c, uint32_t lid, kvd_evict_why_t why);
+/* Fire the index hook, if any (ev is filled by the caller). */
+static inline void kvd__index_event(const kvd_core_t *c, const kvd_index_ev_t *ev)
+{
+    if (c->hook)
+        c->hook(ev, c->hook_ud);
+}
 /* Evict LRU entries of f while the cache is over its quota. */
 void kvd__cache_enforce_quota(kvd_core_t *c, kv_fmt_t f);
 /* Make n pages of f free: collect, then evict LRU entries past their epoch (never `exclude`).

@@ -123,7 +123,7 @@ void kvd__lru_remove(kvd_core_t *c, uint32_t lid)
     pl->nlru--;
 }
 
-void kvd__cache_evict(kvd_core_t *c, uint32_t lid)
+void kvd__cache_evict(kvd_core_t *c, uint32_t lid, kvd_evict_why_t why)
 {
     kvd_lpage_t *p = &c->lp[lid];
     if (!p->cached)
@@ -137,6 +137,16 @@ void kvd__cache_evict(kvd_core_t *c, uint32_t lid)
     c->st.cache_entries--;
     if (p->on_lru)
         kvd__lru_remove(c, lid);
+    if (why == KVD_EVICT_PRESSURE)
+        c->st.evictions_pressure++;
+    else if (why == KVD_EVICT_QUOTA)
+        c->st.evictions_quota++;
+    else
+        c->st.evictions_admin++;
+    /* Before refs_changed: the hash is still the page's (a retired page may be reused). */
+    kvd_index_ev_t ev = {.kind = KVD_INDEX_EV_REMOVED, .logical = lid, .fmt = (kv_fmt_t)p->fmt,
+                         .hash = p->hash, .why = why};
+    kvd__index_event(c, &ev);
     /* No new stamp: unbinding is invisible to kernels; the stamp of the last client drop
      * already covers every kernel that could have read this page. */
     kvd__refs_changed(c, lid);
@@ -146,8 +156,7 @@ void kvd__cache_enforce_quota(kvd_core_t *c, kv_fmt_t f)
 {
     kvd_pool_t *pl = &c->pool[f];
     while (pl->ncached > pl->quota && pl->lru_head != KVD_NONE) {
-        kvd__cache_evict(c, pl->lru_head);
-        c->st.evictions_quota++;
+        kvd__cache_evict(c, pl->lru_head, KVD_EVICT_QUOTA);
     }
 }
 
@@ -174,8 +183,7 @@ int kvd__ensure_free(kvd_core_t *c, kv_fmt_t f, uint32_t n, uint32_t exclude)
         while (l != KVD_NONE && need > 0) {
             uint32_t next = c->lp[l].lru_next;
             if (l != exclude && c->lp[l].stamp <= safe) {
-                kvd__cache_evict(c, l);
-                c->st.evictions_pressure++;
+                kvd__cache_evict(c, l, KVD_EVICT_PRESSURE);
                 need--;
             }
             l = next;
