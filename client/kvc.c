@@ -60,6 +60,7 @@ struct kvc_s {
     /* backend "cuda"/"cuda-ipc": pool[] and dir are device addresses (kvc_cuda.c) */
     kvc_cuda_t *cuda;
     char backend[16];
+    char events_endpoint[256]; /* HelloRep.events_endpoint ("" = events off) */
 };
 
 static kv_err_t kvc_fail(kvc_t *c, kv_err_t e, const char *fmt, ...)
@@ -504,6 +505,8 @@ kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, in
     c->epoch = hr->epoch;
     c->instance = hr->instance;
     c->pid_seen = hr->pid;
+    snprintf(c->events_endpoint, sizeof c->events_endpoint, "%s",
+             hr->events_endpoint ? hr->events_endpoint : "");
     c->geom.layers = hr->geometry->layers;
     c->geom.kv_heads = hr->geometry->kv_heads;
     c->geom.head_dim = hr->geometry->head_dim;
@@ -546,6 +549,14 @@ uint8_t *kvc_pool_base(const kvc_t *c, kv_fmt_t f)
 const volatile kv_dir_entry_t *kvc_directory(const kvc_t *c)
 {
     return c->dir;
+}
+const char *kvc_events_endpoint(const kvc_t *c)
+{
+    return c->events_endpoint;
+}
+uint64_t kvc_instance(const kvc_t *c)
+{
+    return c->instance;
 }
 const char *kvc_backend(const kvc_t *c)
 {

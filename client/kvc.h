@@ -53,6 +53,10 @@ kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, in
 uint64_t kvc_session_id(const kvc_t *c);
 uint32_t kvc_pid_seen(const kvc_t *c); /* the pid the daemon saw for us */
 uint64_t kvc_epoch(const kvc_t *c);    /* latest daemon epoch seen */
+uint64_t kvc_instance(const kvc_t *c); /* daemon instance id (changes on restart) */
+/* Where the daemon publishes index events (HelloRep.events_endpoint, docs/protocol.md "Index
+ * events"); "" when events are off. Borrowed, valid until the next hello. */
+const char *kvc_events_endpoint(const kvc_t *c);
 const kv_geom_t *kvc_geom(const kvc_t *c);
 uint32_t kvc_pool_pages(const kvc_t *c, kv_fmt_t f);
 uint64_t kvc_page_bytes(const kvc_t *c, kv_fmt_t f);

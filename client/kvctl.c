@@ -11,6 +11,10 @@
  *     config set KEY VALUE         runtime-mutable directives only
  *     drain                        refuse new sessions/pages; existing work continues
  *     check                        invariant check; exit 1 when anything is inconsistent
+ *     events [--count N] [--from EP]
+ *                                  subscribe to the index events (docs/protocol.md "Index
+ *                                  events") and print one line per entry as they arrive;
+ *                                  EP defaults to the daemon's events_endpoint (config get)
  *
  * Every command speaks admin RPCs that need no session (no hello, no fd handover). --json
  * prints one JSON object per command on stdout. Exit 0 on success, 1 on any error (the
@@ -21,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <zmq.h>
 
 #include "kvc.h"
 
@@ -42,6 +47,9 @@ static void usage(FILE *f)
             "  config set KEY VALUE        change a runtime-mutable directive\n"
             "  drain                       stop accepting new work\n"
             "  check                       verify the daemon's invariants (exit 1 if broken)\n"
+            "  events [--count N] [--from EP]  print index events as they arrive (one line\n"
+            "                              per entry; N entries then exit; EP: the PUB endpoint,\n"
+            "                              default the daemon's events_endpoint)\n"
             "endpoint: --endpoint, else $KVD_ENDPOINT, else ipc:///run/kvd/kvd.sock\n");
 }
 
@@ -226,6 +234,194 @@ static void print_config(Kvd__ConfigItem **items, size_t n, int single)
         printf(single ? "\n" : "]}\n");
 }
 
+/* ---- events ------------------------------------------------------------------------------ */
+static const char *ev_kind(int k)
+{
+    switch (k) {
+    case KVD__EVENT_ENTRY__KIND__KIND_STORED: return "stored";
+    case KVD__EVENT_ENTRY__KIND__KIND_REMOVED: return "removed";
+    case KVD__EVENT_ENTRY__KIND__KIND_FORMAT_CHANGED: return "format_changed";
+    case KVD__EVENT_ENTRY__KIND__KIND_CLEARED: return "cleared";
+    default: return "unknown";
+    }
+}
+
+static const char *ev_reason(int r)
+{
+    static const char *names[] = {"", "pressure", "quota", "admin", "start", "shutdown"};
+    return r >= 0 && r < 6 ? names[r] : "unknown";
+}
+
+static void print_entry(const Kvd__Event *ev, const Kvd__EventEntry *x)
+{
+    if (json) {
+        printf("{\"instance\":\"%016" PRIx64 "\",\"seq\":%" PRIu64 ",\"time_ns\":%" PRIu64
+               ",\"namespace\":",
+               ev->instance, ev->seq, ev->time_ns);
+        jstr(ev->namespace_);
+        printf(",\"kind\":\"%s\"", ev_kind(x->kind));
+        if (x->hash.len) {
+            printf(",\"hash\":\"");
+            hex(x->hash.data, x->hash.len, 64);
+            printf("\"");
+        }
+        if (x->kind == KVD__EVENT_ENTRY__KIND__KIND_STORED) {
+            printf(",\"parent\":");
+            if (x->parent_hash.len) {
+                printf("\"");
+                hex(x->parent_hash.data, x->parent_hash.len, 64);
+                printf("\"");
+            } else {
+                printf("null");
+            }
+            printf(",\"tokens\":%u,\"token_ids\":[", x->tokens);
+            for (size_t i = 0; i < x->n_token_ids; i++)
+                printf("%s%u", i ? "," : "", x->token_ids[i]);
+            printf("],\"extra\":\"");
+            hex(x->extra.data, x->extra.len, x->extra.len);
+            printf("\"");
+        }
+        if (x->kind != KVD__EVENT_ENTRY__KIND__KIND_CLEARED)
+            printf(",\"format\":\"%s\",\"page\":%u", fmtname(x->format), x->page);
+        if (x->reason)
+            printf(",\"reason\":\"%s\"", ev_reason(x->reason));
+        printf("}\n");
+        return;
+    }
+    printf("%-8" PRIu64 " %-15s", ev->seq, ev_kind(x->kind));
+    if (x->hash.len) {
+        printf(" hash ");
+        hex(x->hash.data, x->hash.len, 8);
+    }
+    if (x->kind == KVD__EVENT_ENTRY__KIND__KIND_STORED) {
+        printf(" parent ");
+        if (x->parent_hash.len)
+            hex(x->parent_hash.data, x->parent_hash.len, 8);
+        else
+            printf("%-16s", "-");
+        printf(" tokens %u", x->tokens);
+    }
+    if (x->kind != KVD__EVENT_ENTRY__KIND__KIND_CLEARED)
+        printf(" %s page %u", fmtname(x->format), x->page);
+    if (x->reason)
+        printf(" (%s)", ev_reason(x->reason));
+    printf("\n");
+}
+
+/* The daemon's events_endpoint through config get (an admin RPC: no session is opened). */
+static int events_endpoint(const char *ep, int timeout, char *out, size_t cap)
+{
+    kvc_t *c;
+    kv_err_t e = kvc_connect(&c, ep, timeout);
+    if (e != KV_ERR_OK) {
+        fprintf(stderr, "kvctl: cannot connect to %s: %s\n", ep, kv_err_name(e));
+        return -1;
+    }
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__ConfigGetReq cg = KVD__CONFIG_GET_REQ__INIT;
+    cg.key = (char *)"events_endpoint";
+    req.body_case = KVD__REQUEST__BODY_CONFIG_GET;
+    req.config_get = &cg;
+    Kvd__Reply *rep = NULL;
+    e = kvc_call(c, &req, &rep);
+    int rc = -1;
+    if (e != KV_ERR_OK)
+        fprintf(stderr, "kvctl: %s\n", kvc_errmsg(c)[0] ? kvc_errmsg(c) : kv_err_name((int)e));
+    else if (rep->body_case != KVD__REPLY__BODY_CONFIG_GET || rep->config_get->n_items != 1)
+        fprintf(stderr, "kvctl: unexpected reply to config get events_endpoint\n");
+    else if (!rep->config_get->items[0]->value[0])
+        fprintf(stderr, "kvctl: events are off on %s (events_endpoint is empty)\n", ep);
+    else {
+        snprintf(out, cap, "%s", rep->config_get->items[0]->value);
+        rc = 0;
+    }
+    kvc_reply_free(&rep);
+    kvc_close(&c);
+    return rc;
+}
+
+/* Subscribe to every namespace and print entries until `count` (0: forever). A sequence gap
+ * (PUB dropped messages at its high-water mark) or a new instance is reported on stderr. */
+static int cmd_events(const char *ep, int timeout, int nargs, const char **args)
+{
+    uint64_t count = 0;
+    const char *from = NULL;
+    for (int i = 1; i < nargs; i++) {
+        char *end;
+        if (!strcmp(args[i], "--count") && i + 1 < nargs) {
+            count = strtoull(args[++i], &end, 10);
+            if (*end || !*args[i]) {
+                fprintf(stderr, "kvctl: events: --count needs a number\n");
+                return 2;
+            }
+        } else if (!strcmp(args[i], "--from") && i + 1 < nargs) {
+            from = args[++i];
+        } else {
+            fprintf(stderr, "kvctl: events: unknown argument '%s'\n", args[i]);
+            return 2;
+        }
+    }
+    char pub[512];
+    if (!from) {
+        if (events_endpoint(ep, timeout, pub, sizeof pub) != 0)
+            return 1;
+        from = pub;
+    }
+    void *ctx = zmq_ctx_new();
+    void *sub = ctx ? zmq_socket(ctx, ZMQ_SUB) : NULL;
+    if (!sub || zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0) != 0 || zmq_connect(sub, from) != 0) {
+        fprintf(stderr, "kvctl: events: cannot subscribe to %s: %s\n", from,
+                zmq_strerror(zmq_errno()));
+        if (sub)
+            zmq_close(sub);
+        if (ctx)
+            zmq_ctx_term(ctx);
+        return 1;
+    }
+    fprintf(stderr, "kvctl: subscribed to %s\n", from);
+    uint64_t seen = 0, last_seq = 0, instance = 0;
+    int rc = 0;
+    while (!count || seen < count) {
+        zmq_msg_t topic, body;
+        zmq_msg_init(&topic);
+        zmq_msg_init(&body);
+        if (zmq_msg_recv(&topic, sub, 0) < 0 || !zmq_msg_more(&topic) ||
+            zmq_msg_recv(&body, sub, 0) < 0) {
+            fprintf(stderr, "kvctl: events: receive failed: %s\n", zmq_strerror(zmq_errno()));
+            zmq_msg_close(&topic);
+            zmq_msg_close(&body);
+            rc = 1;
+            break;
+        }
+        Kvd__Event *ev = kvd__event__unpack(NULL, zmq_msg_size(&body), zmq_msg_data(&body));
+        if (!ev) {
+            fprintf(stderr, "kvctl: events: undecodable message of %zu bytes\n",
+                    zmq_msg_size(&body));
+        } else {
+            if (instance && ev->instance != instance)
+                fprintf(stderr, "kvctl: events: new daemon instance %016" PRIx64 "\n",
+                        ev->instance);
+            else if (last_seq && ev->seq != last_seq + 1)
+                fprintf(stderr, "kvctl: events: gap: seq %" PRIu64 " after %" PRIu64
+                        " (%" PRIu64 " messages lost)\n",
+                        ev->seq, last_seq, ev->seq - last_seq - 1);
+            instance = ev->instance;
+            last_seq = ev->seq;
+            for (size_t i = 0; i < ev->n_entries && (!count || seen < count); i++, seen++)
+                print_entry(ev, ev->entries[i]);
+            fflush(stdout);
+            kvd__event__free_unpacked(ev, NULL);
+        }
+        zmq_msg_close(&topic);
+        zmq_msg_close(&body);
+    }
+    int zero = 0;
+    zmq_setsockopt(sub, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(sub);
+    zmq_ctx_term(ctx);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *ep = getenv("KVD_ENDPOINT");
@@ -261,6 +457,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!strcmp(args[0], "events"))
+        return cmd_events(ep, timeout, nargs, args);
     Kvd__Request req = KVD__REQUEST__INIT;
     Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
     Kvd__SessionsReq ss = KVD__SESSIONS_REQ__INIT;

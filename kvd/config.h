@@ -55,6 +55,17 @@
        "FP8 free+evictable+retiring pages below this % of the pool halve the Recent window")       \
     XX(cache_retier_ms, U64, 0, 604800000, "", "0", 1,                                             \
        "sealed FP8 pages cached but unused this long go TQ3 (0: never, LRU eviction only)")        \
+    XX(events_endpoint, STR, 0, 0, "", "", 0,                                                      \
+       "PUB endpoint of index events for KV-aware routers (ipc://PATH or tcp://HOST:PORT; "       \
+       "empty: off)")                                                                              \
+    XX(events_hwm, U64, 0, 1048576, "", "10000", 0,                                                \
+       "events send high-water mark in messages per subscriber (0: unlimited); beyond it a slow "  \
+       "subscriber loses messages and sees a sequence gap")                                        \
+    XX(events_batch, U64, 1, 65536, "", "1024", 1,                                                 \
+       "max index event entries per published message (one message per loop iteration below)")   \
+    XX(events_tokens, BOOL, 0, 0, "", "yes", 1,                                                    \
+       "STORED events carry the page's token ids and extra (routers need them: chain hashes are "  \
+       "keyed by the secret namespace salt)")                                                      \
     XX(metrics_port, U64, 0, 65535, "", "0", 0, "Prometheus HTTP port (0: off)")                   \
     XX(metrics_addr, STR, 0, 0, "", "127.0.0.1", 0, "address the metrics port binds")              \
     XX(log_level, STR, 0, 0, "error|warn|info|debug", "info", 1, "log verbosity")

@@ -32,6 +32,7 @@
 #include <zmq.h>
 
 #include "core.h"
+#include "events.h"
 #include "fdpass.h"
 #include "kvproto.h"
 #include "lifecycle.h"
@@ -78,6 +79,7 @@ struct kvd_server_s {
     char sock_path[256];
     uv_timer_t epoch_timer, lease_timer, lifecycle_timer;
     kvd_lc_t *lc;             /* lifecycle controller (lifecycle.h); ticks on lifecycle_timer */
+    kvd_events_t *events;     /* index event publisher (events.h); NULL when events are off */
     uint64_t lc_period_ms;    /* period lifecycle_timer runs at; 0 = stopped */
     uint32_t lc_window;       /* last Recent window logged */
     int lc_failing;           /* the last tick had conversion failures (already logged) */
@@ -110,6 +112,7 @@ static void kvd_server_stats(kvd_server_t *s, kvd_stats_t *st)
 {
     kvd_core_stats(s->core, st);
     kvd_lc_stats(s->lc, st);
+    kvd_events_stats(s->events, st);
 }
 
 /* ---- arena ------------------------------------------------------------------------------- */
@@ -323,6 +326,7 @@ static kv_err_t kvd_op_hello(kvd_req_ctx_t *c)
     b_->fd_socket = s->fds_path;
     b_->lease_ms = (uint32_t)s->cfg->lease_ms;
     b_->instance = s->instance;
+    b_->events_endpoint = s->cfg->events_endpoint;
     b_->pid = (uint32_t)x->pid;
     b_->backend = (char *)ex->backend; /* how the client imports the fds (kvc_cuda.c) */
     Kvd__PoolDesc **pd = ar_alloc(s, sizeof(*pd) * (KV_FMT_COUNT + 1));
@@ -1064,6 +1068,7 @@ static void kvd_server_apply_config(kvd_server_t *s)
     kvd_log_set_level(s->cfg->log_level);
     s->lim.max_alloc = (uint32_t)s->cfg->max_alloc;
     s->lim.max_tokens = (uint32_t)s->cfg->max_tokens;
+    kvd_events_configure(s->events, (uint32_t)s->cfg->events_batch, s->cfg->events_tokens);
     if (s->core) /* the table's bounds were checked; only the format could fail */
         for (int f = 0; f < KV_FMT_COUNT; f++)
             KVD_ASSERT(kvd_core_set_cache_quota(s->core, (kv_fmt_t)f, s->cfg->cache_quota) ==
@@ -1138,6 +1143,7 @@ static void kvd_server_close_handles(kvd_server_t *s)
     kvd_close_if_open((uv_handle_t *)&s->lifecycle_timer);
     kvd_close_if_open((uv_handle_t *)&s->zap.poll);
     kvd_http_stop(&s->http);
+    kvd_events_stop(s->events); /* publishes CLEARED (shutdown) first */
     for (kvd_sess_t *x = s->sessions; x; x = x->next)
         kvd_close_if_open((uv_handle_t *)&x->poll);
 }
@@ -1257,6 +1263,16 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
     s->router_poll.data = s;
     uv_poll_start(&s->router_poll, UV_READABLE, kvd_router_cb);
 
+    if (cfg->events_endpoint[0]) {
+        kvd_events_opts_t eo = {.zctx = s->zctx, .endpoint = cfg->events_endpoint,
+                                .hwm = cfg->events_hwm, .ns = cfg->namespace,
+                                .instance = s->instance, .tokens = cfg->events_tokens,
+                                .batch_max = (uint32_t)cfg->events_batch, .zap = 1};
+        if (kvd_events_init(&s->events, loop, &eo, err, errlen) != 0)
+            goto fail;
+        kvd_core_set_index_hook(s->core, kvd_events_hook, s->events);
+    }
+
     /* The fd socket comes last: its file appearing means the daemon is ready. */
     s->fds_listen = kvd_fdpass_listen(s->fds_path, err, errlen);
     if (s->fds_listen < 0)
@@ -1319,6 +1335,9 @@ void kvd_server_free(kvd_server_t **ps)
     }
     if (s->router)
         zmq_close(s->router);
+    if (s->core)
+        kvd_core_set_index_hook(s->core, NULL, NULL);
+    kvd_events_free(&s->events);
     kvd_zap_free(&s->zap);
     if (s->zctx)
         zmq_ctx_term(s->zctx);

@@ -4,7 +4,7 @@ pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
 pkg_check_modules(JEMALLOC IMPORTED_TARGET jemalloc)
 
 # The I/O side as a library so integration tools can reuse config/log without the daemon.
-add_library(kvdserver STATIC server.c config.c log.c metrics.c fdpass.c zap.c)
+add_library(kvdserver STATIC server.c config.c log.c metrics.c fdpass.c zap.c events.c)
 target_include_directories(kvdserver PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(kvdserver PUBLIC kvdcore kvproto PkgConfig::LIBZMQ PkgConfig::LIBUV
                       PkgConfig::SODIUM)

@@ -55,6 +55,13 @@
     XX(collected_pages, COUNTER, "retired physical pages returned to a free list")                 \
     XX(logical_free, GAUGE, "free logical page ids")                                               \
     XX(logical_total, GAUGE, "logical page ids (directory entries)")                              \
+    XX(events_published, COUNTER, "index event entries published (kvd/events.c; 0 while "       \
+                                  "events_endpoint is empty)")                                     \
+    XX(events_batches, COUNTER, "index event messages published (one per loop iteration with "   \
+                                "changes, or per events_batch entries)")                           \
+    XX(events_dropped, COUNTER, "index event entries lost before the socket (out of memory, "     \
+                                "send error); their sequence numbers are skipped")                 \
+    XX(events_seq, GAUGE, "sequence number of the last event message (subscribers compare)")      \
     XX(lifecycle_ticks, COUNTER, "lifecycle controller ticks run (0 while lifecycle_ms = 0)")     \
     XX(lifecycle_tick_ns, COUNTER, "ns spent in lifecycle ticks, conversions included")           \
     XX(lifecycle_tick_ns_max, GAUGE, "longest lifecycle tick since start, in ns")                 \

@@ -48,7 +48,9 @@ static const char *const keys[] = {"endpoint", "backend", "namespace", "layers",
                                    "epoch_ms", "max_msg_bytes", "max_alloc", "max_tokens",
                                    "metrics_port", "metrics_addr", "log_level", "lifecycle_ms",
                                    "recent_pages", "anchor_pages", "retier_batch",
-                                   "fp8_low_watermark", "cache_retier_ms", NULL};
+                                   "fp8_low_watermark", "cache_retier_ms",
+                                   "events_endpoint", "events_hwm", "events_batch",
+                                   "events_tokens", NULL};
 
 static void test_help_and_check_config(void **state)
 {
