@@ -61,6 +61,15 @@ typedef struct kvd_backend_ops_s {
      * calls it after every store into dir[] (pages.c). Both copies start all zero. KV_ERR_OK or
      * KV_ERR_DEVICE. */
     int (*dir_sync)(kvd_backend_t *b, uint32_t lid, char *err, size_t errlen);
+    /* Copy physical page `phys` of format f to host memory buf[page_bytes[f]] (page_read) or
+     * from it (page_write). Synchronous: the copy is complete when it returns. The snapshot
+     * writer reads sealed (immutable) pages; the loader writes pages no one can see yet (not
+     * published in the directory). Host: memcpy on the daemon's mapping; cuda: a driver copy.
+     * KV_ERR_OK, KV_ERR_INVALID_ARGUMENT (format, page) or KV_ERR_DEVICE. */
+    int (*page_read)(kvd_backend_t *b, kv_fmt_t f, uint32_t phys, void *buf, char *err,
+                     size_t errlen);
+    int (*page_write)(kvd_backend_t *b, kv_fmt_t f, uint32_t phys, const void *buf, char *err,
+                      size_t errlen);
 } kvd_backend_ops_t;
 
 /* Public part of every backend. The daemon-side mapping of the memory is in `pools` and `dir`:

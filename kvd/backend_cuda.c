@@ -86,6 +86,7 @@
     X(cuMemRelease)                                                                                \
     X(cuMemSetAccess)                                                                              \
     X(cuMemUnmap)                                                                                  \
+    X(cuMemcpyDtoH)                                                                                \
     X(cuMemcpyHtoD)                                                                                \
     X(cuMemcpyHtoDAsync)                                                                           \
     X(cuMemsetD8)                                                                                  \
@@ -256,7 +257,46 @@ static int cuda_dir_sync(kvd_backend_t *b, uint32_t lid, char *err, size_t errle
     return KV_ERR_OK;
 }
 
+/* Page copies for the snapshot (backend.h). Synchronous driver copies: cuMemcpyDtoH/HtoD
+ * return once the copy is done. Ordering with the daemon stream: a page read is sealed, and
+ * any conversion that filled it was waited for (sync) before it was published; a page written
+ * is a fresh free page no kernel targets. UNTESTED on a GPU so far (written in the session that
+ * added snapshots, on a machine without one). */
+static int cuda_page_copy(kvd_backend_t *b, kv_fmt_t f, uint32_t phys, void *hbuf, int to_host,
+                          char *err, size_t errlen)
+{
+    cuda_impl_t *im = b->impl;
+    if (f >= KV_FMT_COUNT || phys >= b->exp.pages[f] || !hbuf) {
+        kvd_fmt(err, errlen, "page copy %d:%u: bad format or page", (int)f, phys);
+        return KV_ERR_INVALID_ARGUMENT;
+    }
+    int rc = cuda_enter(im, err, errlen);
+    if (rc != KV_ERR_OK)
+        return rc;
+    uint64_t pb = b->exp.page_bytes[f];
+    CUdeviceptr at = im->reg[f].ptr + (CUdeviceptr)((uint64_t)phys * pb);
+    if (to_host)
+        CU_TRY(g_cu.cuMemcpyDtoH(hbuf, at, (size_t)pb), err, errlen);
+    else
+        CU_TRY(g_cu.cuMemcpyHtoD(at, hbuf, (size_t)pb), err, errlen);
+    return KV_ERR_OK;
+}
+
+static int cuda_page_read(kvd_backend_t *b, kv_fmt_t f, uint32_t phys, void *buf, char *err,
+                          size_t errlen)
+{
+    return cuda_page_copy(b, f, phys, buf, 1, err, errlen);
+}
+
+static int cuda_page_write(kvd_backend_t *b, kv_fmt_t f, uint32_t phys, const void *buf,
+                           char *err, size_t errlen)
+{
+    return cuda_page_copy(b, f, phys, (void *)(uintptr_t)buf, 0, err, errlen);
+}
+
 static const kvd_backend_ops_t cuda_ops = {
+    .page_read = cuda_page_read,
+    .page_write = cuda_page_write,
     .name = "cuda",
     .convert = cuda_convert,
     .sync = cuda_sync,

@@ -80,11 +80,41 @@ static int host_sync(kvd_backend_t *b, char *err, size_t errlen)
     return KV_ERR_OK; /* conversions above are synchronous */
 }
 
+static int host_page_check(kvd_backend_t *b, kv_fmt_t f, uint32_t phys, const void *buf,
+                           char *err, size_t errlen)
+{
+    if (f >= KV_FMT_COUNT || phys >= b->exp.pages[f] || !buf) {
+        kvd_fmt(err, errlen, "page copy %d:%u: bad format or page", (int)f, phys);
+        return KV_ERR_INVALID_ARGUMENT;
+    }
+    return KV_ERR_OK;
+}
+
+static int host_page_read(kvd_backend_t *b, kv_fmt_t f, uint32_t phys, void *buf, char *err,
+                          size_t errlen)
+{
+    int rc = host_page_check(b, f, phys, buf, err, errlen);
+    if (rc == KV_ERR_OK)
+        memcpy(buf, kvd_backend_host_page(b, f, phys), b->exp.page_bytes[f]);
+    return rc;
+}
+
+static int host_page_write(kvd_backend_t *b, kv_fmt_t f, uint32_t phys, const void *buf,
+                           char *err, size_t errlen)
+{
+    int rc = host_page_check(b, f, phys, buf, err, errlen);
+    if (rc == KV_ERR_OK)
+        memcpy(kvd_backend_host_page(b, f, phys), buf, b->exp.page_bytes[f]);
+    return rc;
+}
+
 static const kvd_backend_ops_t host_ops = {
     .name = "host",
     .convert = host_convert,
     .sync = host_sync,
     .destroy = host_destroy,
+    .page_read = host_page_read,
+    .page_write = host_page_write,
 };
 
 /* memfd of `bytes`, sealed against size changes, mapped read-write into *map. */

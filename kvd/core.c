@@ -555,6 +555,89 @@ void kvd_core_set_index_hook(kvd_core_t *c, kvd_index_hook_fn fn, void *ud)
     c->hook_ud = fn ? ud : NULL;
 }
 
+/* ---- persistence ------------------------------------------------------------------------- */
+int kvd_core_page_read(kvd_core_t *c, uint32_t logical, void *buf, size_t len)
+{
+    if (logical >= c->nlogical || !buf)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "page read: logical %u out of range",
+                         logical);
+    const kvd_lpage_t *p = &c->lp[logical];
+    if (p->state != KVD_PAGE_OPEN && p->state != KVD_PAGE_SEALED)
+        return kvd__fail(c, KV_ERR_FAILED_PRECONDITION, "page read: logical page %u is %s",
+                         logical, kvd_page_state_name((kvd_page_state_t)p->state));
+    if (len != c->be->exp.page_bytes[p->fmt])
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT,
+                         "page read: buffer of %zu bytes, a %s page has %llu", len,
+                         kvd_fmt_name(p->fmt), (unsigned long long)c->be->exp.page_bytes[p->fmt]);
+    char err[256] = "";
+    int rc = c->be->ops->page_read(c->be, (kv_fmt_t)p->fmt, p->phys, buf, err, sizeof(err));
+    if (rc != KV_ERR_OK)
+        return kvd__fail(c, rc, "page read of logical %u failed: %s", logical, err);
+    return KV_ERR_OK;
+}
+
+int kvd_core_cache_restore(kvd_core_t *c, const uint8_t hash[KVD_HASH_BYTES], kv_fmt_t f,
+                           const void *bytes, size_t len, uint32_t *logical_out)
+{
+    if (logical_out)
+        *logical_out = KVD_NONE;
+    if ((unsigned)f >= KV_FMT_COUNT || !hash || !bytes || c->pool[f].n == 0 ||
+        len != c->be->exp.page_bytes[f])
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT,
+                         "restore: format %d with %zu bytes (pool of %u pages of %llu bytes)",
+                         (int)f, len, (unsigned)f < KV_FMT_COUNT ? c->pool[f].n : 0,
+                         (unsigned long long)((unsigned)f < KV_FMT_COUNT
+                                                  ? c->be->exp.page_bytes[f]
+                                                  : 0));
+    int collision = 0;
+    if (kvd__index_find(c, hash, &collision) != KVD_NONE || collision)
+        return kvd__fail(c, KV_ERR_FAILED_PRECONDITION,
+                         "restore: hash %02x%02x%02x%02x… %s", hash[0], hash[1], hash[2],
+                         hash[3], collision ? "collides with a bound hash on its 64-bit key"
+                                            : "is already bound");
+    if (c->nlfree == 0 || c->pool[f].nfree == 0)
+        return kvd__fail(c, KV_ERR_RESOURCE_EXHAUSTED,
+                         "restore: no free %s page or logical id (%u pages, %u ids free)",
+                         kvd_fmt_name(f), c->pool[f].nfree, c->nlfree);
+    if (kvd_map_reserve(&c->index, 1) != 0)
+        return kvd__fail(c, KV_ERR_NOMEM, "restore: out of memory for the prefix index");
+    uint32_t lid = kvd__logical_alloc(c);
+    uint32_t phys = kvd__phys_alloc(c, f, lid);
+    KVD_ASSERT(lid != KVD_NONE && phys != KVD_NONE);
+    char err[256] = "";
+    int rc = c->be->ops->page_write(c->be, f, phys, bytes, err, sizeof(err));
+    if (rc != KV_ERR_OK) {
+        /* never published: both go straight back to their free lists */
+        kvd__phys_unfill(c, f, phys);
+        kvd_lpage_t *p = &c->lp[lid];
+        p->next_free = c->lfree_head;
+        c->lfree_head = lid;
+        c->nlfree++;
+        return kvd__fail(c, rc, "restore: copying the page in failed: %s", err);
+    }
+    kvd_lpage_t *p = &c->lp[lid];
+    p->state = KVD_PAGE_SEALED;
+    p->fmt = (uint8_t)f;
+    p->phys = phys;
+    p->owner_sid = 0;
+    p->stamp = 0; /* no client has ever seen it: evictable and freeable at once */
+    p->last_use_ns = kvd__now(c);
+    memcpy(p->hash, hash, KVD_HASH_BYTES);
+    c->pool[f].pg[phys].state = KVD_PHYS_LIVE;
+    kvd__dir_publish(c, lid, f, phys, KV_DIR_VALID | KV_DIR_SEALED);
+    kvd_map_put(&c->index, kvd__index_key(hash), lid);
+    p->cached = 1;
+    c->pool[f].ncached++;
+    c->st.cache_entries++;
+    c->st.cache_restored++;
+    if (logical_out)
+        *logical_out = lid;
+    kvd__refs_changed(c, lid); /* joins the LRU tail; the quota may evict from the head */
+    if (!c->lp[lid].cached && logical_out)
+        *logical_out = KVD_NONE;
+    return KV_ERR_OK;
+}
+
 /* ---- conversions ------------------------------------------------------------------------- */
 int kvd_core_convert(kvd_core_t *c, uint32_t logical, kv_fmt_t dst)
 {

@@ -291,6 +291,30 @@ typedef void (*kvd_index_hook_fn)(const kvd_index_ev_t *ev, void *ud);
 /* Install (fn non-NULL) or remove (NULL) the index hook; one hook per core. */
 void kvd_core_set_index_hook(kvd_core_t *c, kvd_index_hook_fn fn, void *ud);
 
+/* ---- persistence (kvd/snapshot.c) -------------------------------------------------------- */
+/* The snapshot writer walks the cache with kvd_core_cache_foreach (hash, format, logical id,
+ * pins; LRU head first, so writing in that order and restoring in file order keeps the LRU
+ * order) and copies each page's bytes with kvd_core_page_read; the loader puts pages back
+ * with kvd_core_cache_restore. */
+
+/* Copy the bytes of live (OPEN or SEALED) logical page `logical` into buf[len]; len must be
+ * the page bytes of its current format. Through the backend's page_read (host: memcpy from the
+ * daemon's mapping; cuda: a device-to-host copy). Takes no reference. Errors: INVALID_ARGUMENT
+ * (id, len), FAILED_PRECONDITION (not live), DEVICE. */
+int kvd_core_page_read(kvd_core_t *c, uint32_t logical, void *buf, size_t len);
+
+/* Insert a restored cache entry: a free physical page of format f and a free logical id (NO
+ * eviction: RESOURCE_EXHAUSTED when either is short, so a loader can budget exactly), copy
+ * bytes[len] in (len == page bytes of f), mark it SEALED under `hash`, bind it in the index
+ * with its cache ref and put it at the tail of f's LRU (unreferenced, stamp 0: evictable at
+ * once), then enforce f's quota (which may evict LRU-head entries, even this one if the quota
+ * is 0 room). *logical_out (optional) = the new id, or KVD_NONE when the quota evicted it.
+ * Errors: INVALID_ARGUMENT (format, len, no pool), FAILED_PRECONDITION (hash already bound,
+ * or its 64-bit index key taken by another hash), RESOURCE_EXHAUSTED, DEVICE (copy failed:
+ * nothing changed), NOMEM. */
+int kvd_core_cache_restore(kvd_core_t *c, const uint8_t hash[KVD_HASH_BYTES], kv_fmt_t f,
+                           const void *bytes, size_t len, uint32_t *logical_out);
+
 /* ---- conversions (Algorithm 1) ----------------------------------------------------------- */
 /* Convert logical page to format dst (FP8 → TQ3 retier, TQ3 → FP8 promote): take a conv ref,
  * allocate a dst page (evicting as alloc does), backend convert + sync, flip the directory

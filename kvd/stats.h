@@ -8,7 +8,9 @@
  * Prometheus output of the daemon (metric kvd_<field>, per-format ones with label
  * format="fp8"|"tq3") and kvctl's listing all iterate these tables; nothing else lists stats.
  * The lifecycle_* figures belong to the lifecycle controller (lifecycle.h), not the core:
- * kvd_core_stats leaves them 0 and kvd_lc_stats fills them in.
+ * kvd_core_stats leaves them 0 and kvd_lc_stats fills them in. Likewise the snapshot* figures
+ * belong to the daemon's persistence (server.c with kvd/snapshot.c); cache_restored is the
+ * core's (kvd_core_cache_restore).
  */
 #ifndef KVD_STATS_H
 #define KVD_STATS_H
@@ -71,7 +73,18 @@
     XX(lifecycle_backlog, GAUGE, "conversions the last tick wanted but left for later ticks")     \
     XX(lifecycle_skipped_tq3_full, COUNTER, "ticks whose retiers stopped: TQ3 pool full and "     \
                                             "nothing evictable (pages stay FP8)")                  \
-    XX(lifecycle_skipped_fp8_full, COUNTER, "ticks whose promotes stopped: no FP8 page free")
+    XX(lifecycle_skipped_fp8_full, COUNTER, "ticks whose promotes stopped: no FP8 page free")    \
+    XX(cache_restored, COUNTER, "cache entries restored from a snapshot at start")                \
+    XX(snapshots_written, COUNTER, "snapshots written (docs/snapshot.md)")                        \
+    XX(snapshot_failures, COUNTER, "snapshot writes that failed (previous generations kept)")     \
+    XX(snapshot_pages, GAUGE, "pages in the last snapshot written")                               \
+    XX(snapshot_bytes, GAUGE, "bytes of the last snapshot written")                               \
+    XX(snapshot_ms, GAUGE, "duration of the last snapshot write in ms (blocks the loop)")         \
+    XX(snapshot_load_pages, GAUGE, "pages restored from a snapshot at start")                     \
+    XX(snapshot_load_skipped, GAUGE, "valid snapshot pages not restored at start (no room)")      \
+    XX(snapshot_load_refused, GAUGE, "snapshot generations refused at start (corrupt or "         \
+                                     "mismatched; the log names file and reason)")                 \
+    XX(snapshot_load_ms, GAUGE, "duration of the snapshot load at start in ms")
 
 #define KVD_STATS_FMT_MAP(XX)                                                                      \
     XX(pages_total, GAUGE, "physical pages in the pool")                                          \
