@@ -11,6 +11,7 @@
  *     config set KEY VALUE         runtime-mutable directives only
  *     drain                        refuse new sessions/pages; existing work continues
  *     check                        invariant check; exit 1 when anything is inconsistent
+ *     snapshot                     write a durable cache snapshot now (docs/snapshot.md)
  *     events [--count N] [--from EP]
  *                                  subscribe to the index events (docs/protocol.md "Index
  *                                  events") and print one line per entry as they arrive;
@@ -47,6 +48,7 @@ static void usage(FILE *f)
             "  config set KEY VALUE        change a runtime-mutable directive\n"
             "  drain                       stop accepting new work\n"
             "  check                       verify the daemon's invariants (exit 1 if broken)\n"
+            "  snapshot                    write a snapshot of the prefix cache now\n"
             "  events [--count N] [--from EP]  print index events as they arrive (one line\n"
             "                              per entry; N entries then exit; EP: the PUB endpoint,\n"
             "                              default the daemon's events_endpoint)\n"
@@ -470,6 +472,7 @@ int main(int argc, char **argv)
     Kvd__ConfigSetReq cs = KVD__CONFIG_SET_REQ__INIT;
     Kvd__DrainReq dr = KVD__DRAIN_REQ__INIT;
     Kvd__CheckReq ck = KVD__CHECK_REQ__INIT;
+    Kvd__SnapshotReq sn = KVD__SNAPSHOT_REQ__INIT;
     const char *cmd = args[0], *sub = nargs > 1 ? args[1] : "";
     if (!strcmp(cmd, "status") && nargs == 1) {
         req.body_case = KVD__REQUEST__BODY_STATUS;
@@ -524,6 +527,9 @@ int main(int argc, char **argv)
     } else if (!strcmp(cmd, "check") && nargs == 1) {
         req.body_case = KVD__REQUEST__BODY_CHECK;
         req.check = &ck;
+    } else if (!strcmp(cmd, "snapshot") && nargs == 1) {
+        req.body_case = KVD__REQUEST__BODY_SNAPSHOT;
+        req.snapshot = &sn;
     } else {
         fprintf(stderr, "kvctl: unknown command or wrong arguments: %s %s\n", cmd, sub);
         usage(stderr);
@@ -605,6 +611,21 @@ int main(int argc, char **argv)
                     printf("  %s\n", k->problems[i]);
             }
             rc = k->ok ? 0 : 1;
+            break;
+        }
+        case KVD__REPLY__BODY_SNAPSHOT: {
+            const Kvd__SnapshotRep *k = rep->snapshot;
+            if (json) {
+                printf("{\"generation\":%" PRIu64 ",\"pages\":%" PRIu64 ",\"bytes\":%" PRIu64
+                       ",\"ms\":%" PRIu64 ",\"path\":",
+                       k->generation, k->pages, k->bytes, k->ms);
+                jstr(k->path);
+                printf("}\n");
+            } else {
+                printf("snapshot: generation %" PRIu64 ", %" PRIu64 " pages, %" PRIu64
+                       " bytes in %" PRIu64 " ms -> %s\n",
+                       k->generation, k->pages, k->bytes, k->ms, k->path ? k->path : "");
+            }
             break;
         }
         default:

@@ -68,6 +68,12 @@
        "keyed by the secret namespace salt)")                                                      \
     XX(metrics_port, U64, 0, 65535, "", "0", 0, "Prometheus HTTP port (0: off)")                   \
     XX(metrics_addr, STR, 0, 0, "", "127.0.0.1", 0, "address the metrics port binds")              \
+    XX(snapshot_dir, STR, 0, 0, "", "", 0,                                                         \
+       "durable prefix cache directory (made 0700; holds the salt and two snapshot generations; "  \
+       "empty: persistence off, the cache starts empty; docs/snapshot.md)")                        \
+    XX(snapshot_ms, U64, 0, 604800000, "", "0", 1,                                                 \
+       "period of cache snapshots in ms when the cache changed (0: only on SIGTERM and kvctl "     \
+       "snapshot)")                                                                                \
     XX(log_level, STR, 0, 0, "error|warn|info|debug", "info", 1, "log verbosity")
 
 typedef enum kvd_ctype_e { KVD_CT_U64, KVD_CT_STR, KVD_CT_BOOL, KVD_CT_IDS } kvd_ctype_t;

@@ -38,6 +38,7 @@
 #include "lifecycle.h"
 #include "log.h"
 #include "metrics.h"
+#include "snapshot.h"
 #include "util.h"
 #include "zap.h"
 
@@ -97,6 +98,14 @@ struct kvd_server_s {
     size_t lookup_cap;
     uint32_t *tok_buf;
     size_t tok_cap;
+    /* durable prefix cache (snapshot.h, docs/snapshot.md); persist = snapshot_dir is set */
+    int persist;
+    uint8_t salt[KVD_HASH_KEY_BYTES];
+    kvd_snap_ident_t snap_id;
+    uv_timer_t snapshot_timer;
+    uint64_t snap_period_ms, snap_mark; /* timer period; cache-change mark of the last one */
+    uint64_t snap_written, snap_failures, snap_pages, snap_bytes, snap_ms;
+    uint64_t snap_load_pages, snap_load_skipped, snap_load_refused, snap_load_ms;
 };
 
 static uint64_t kvd_now_ns(void)
@@ -113,6 +122,98 @@ static void kvd_server_stats(kvd_server_t *s, kvd_stats_t *st)
     kvd_core_stats(s->core, st);
     kvd_lc_stats(s->lc, st);
     kvd_events_stats(s->events, st);
+    st->snapshots_written = s->snap_written;
+    st->snapshot_failures = s->snap_failures;
+    st->snapshot_pages = s->snap_pages;
+    st->snapshot_bytes = s->snap_bytes;
+    st->snapshot_ms = s->snap_ms;
+    st->snapshot_load_pages = s->snap_load_pages;
+    st->snapshot_load_skipped = s->snap_load_skipped;
+    st->snapshot_load_refused = s->snap_load_refused;
+    st->snapshot_load_ms = s->snap_load_ms;
+}
+
+/* ---- persistence (snapshot.h) ------------------------------------------------------------ */
+/* A number that changes whenever the set of cache entries or their formats may have changed:
+ * the periodic snapshot skips a cache that did not move. Over-approximate (a retier of an
+ * uncached page counts too); never under. */
+static uint64_t kvd_cache_mark(kvd_server_t *s)
+{
+    kvd_stats_t st;
+    kvd_core_stats(s->core, &st);
+    return st.seals + st.evictions_pressure + st.evictions_quota + st.evictions_admin +
+           st.retiers + st.promotes + st.cache_restored + (st.pins << 32);
+}
+
+static double kvd_mbps(uint64_t bytes, uint64_t ns)
+{
+    return ns ? (double)bytes / 1e6 / ((double)ns / 1e9) : 0.0;
+}
+
+/* Write a snapshot now (blocks the loop for the write). why: "shutdown", "kvctl", "timer". */
+static int kvd_server_snapshot(kvd_server_t *s, const char *why, kvd_snap_result_t *r,
+                               char *err, size_t errlen)
+{
+    uint64_t mark = kvd_cache_mark(s);
+    int e = kvd_snap_write(s->core, s->cfg->snapshot_dir, &s->snap_id, r, err, errlen);
+    if (e != KV_ERR_OK) {
+        s->snap_failures++;
+        KVD_LOGE("snapshot (%s) failed, previous generations kept: %s", why, err);
+        return e;
+    }
+    s->snap_mark = mark;
+    s->snap_written++;
+    s->snap_pages = r->pages;
+    s->snap_bytes = r->bytes;
+    s->snap_ms = r->ns / 1000000u;
+    KVD_LOGI("snapshot (%s): generation %" PRIu64 ", %" PRIu64 " pages, %.1f MB in %.1f ms "
+             "(%.0f MB/s) -> %s",
+             why, r->generation, r->pages, (double)r->bytes / 1e6, (double)r->ns / 1e6,
+             kvd_mbps(r->bytes, r->ns), r->path);
+    return KV_ERR_OK;
+}
+
+static void kvd_snapshot_cb(uv_timer_t *t)
+{
+    kvd_server_t *s = t->data;
+    if (kvd_cache_mark(s) == s->snap_mark)
+        return; /* nothing changed since the last snapshot */
+    kvd_snap_result_t r;
+    char err[1024];
+    kvd_server_snapshot(s, "timer", &r, err, sizeof err);
+}
+
+static void kvd_snap_refused_log(void *ud, const char *line)
+{
+    KVD_LOGW("snapshot refused, trying the next older generation: %s", line);
+}
+
+/* At start, before any client can attach: the newest generation that passes every check. */
+static void kvd_server_snapshot_load(kvd_server_t *s)
+{
+    kvd_snap_result_t r;
+    char err[1024];
+    int e = kvd_snap_load(s->core, s->cfg->snapshot_dir, &s->snap_id, kvd_snap_refused_log, s,
+                          &r, err, sizeof err);
+    s->snap_load_refused = r.refused;
+    s->snap_load_ms = r.ns / 1000000u;
+    s->snap_mark = kvd_cache_mark(s);
+    if (e != KV_ERR_OK) {
+        KVD_LOGE("snapshot load: %s; the cache starts empty", err);
+        return;
+    }
+    s->snap_load_pages = r.pages;
+    s->snap_load_skipped = r.skipped;
+    if (r.path[0])
+        KVD_LOGI("snapshot loaded: generation %" PRIu64 " from %s: %" PRIu64 " pages restored, "
+                 "%" PRIu64 " left out (no room), %.1f MB in %.1f ms (%.0f MB/s)",
+                 r.generation, r.path, r.pages, r.skipped, (double)r.bytes / 1e6,
+                 (double)r.ns / 1e6, kvd_mbps(r.bytes, r.ns));
+    else if (r.refused)
+        KVD_LOGW("snapshot: all %u generations in %s refused; the cache starts empty", r.refused,
+                 s->cfg->snapshot_dir);
+    else
+        KVD_LOGI("snapshot: none in %s yet; the cache starts empty", s->cfg->snapshot_dir);
 }
 
 /* ---- arena ------------------------------------------------------------------------------- */
@@ -841,6 +942,28 @@ static kv_err_t kvd_op_check(kvd_req_ctx_t *c)
     return KV_ERR_OK;
 }
 
+static kv_err_t kvd_op_snapshot(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    if (!s->persist)
+        return kvd_fail(c, KV_ERR_FAILED_PRECONDITION,
+                        "persistence is off: start kvd with snapshot_dir set (docs/snapshot.md)");
+    kvd_snap_result_t r;
+    char err[1024];
+    int e = kvd_server_snapshot(s, "kvctl", &r, err, sizeof err);
+    if (e != KV_ERR_OK)
+        return kvd_fail(c, (kv_err_t)e, "snapshot failed, previous generations kept: %s", err);
+    KVD_BODY(c, Kvd__SnapshotRep, KVD__SNAPSHOT_REP__INIT, snapshot, SNAPSHOT);
+    b_->pages = r.pages;
+    b_->bytes = r.bytes;
+    b_->ms = r.ns / 1000000u;
+    b_->generation = r.generation;
+    b_->path = ar_strdup(s, r.path);
+    if (!b_->path)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    return KV_ERR_OK;
+}
+
 typedef kv_err_t (*kvd_op_fn)(kvd_req_ctx_t *c);
 static const kvd_op_fn kvd_ops[KVP_OP_COUNT] = {
 #define KVD_OP_FN_(cs, nm, sess, adm) kvd_op_##nm,
@@ -1063,6 +1186,8 @@ static void kvd_lifecycle_params(const kvd_config_t *cfg, kvd_lc_params_t *p)
     p->cache_retier_ns = cfg->cache_retier_ms * 1000000ull;
 }
 
+static void kvd_snapshot_timer_apply(kvd_server_t *s);
+
 static void kvd_server_apply_config(kvd_server_t *s)
 {
     kvd_log_set_level(s->cfg->log_level);
@@ -1095,6 +1220,19 @@ static void kvd_server_apply_config(kvd_server_t *s)
             uv_timer_start(&s->lifecycle_timer, kvd_lifecycle_cb, s->lc_period_ms,
                            s->lc_period_ms);
     }
+    kvd_snapshot_timer_apply(s);
+}
+
+/* snapshot_ms: 0 stops the periodic snapshot, anything else (re)starts it (persistence on). */
+static void kvd_snapshot_timer_apply(kvd_server_t *s)
+{
+    if (!s->snapshot_timer.loop || s->stopping || !s->persist ||
+        s->cfg->snapshot_ms == s->snap_period_ms)
+        return;
+    uv_timer_stop(&s->snapshot_timer);
+    s->snap_period_ms = s->cfg->snapshot_ms;
+    if (s->snap_period_ms)
+        uv_timer_start(&s->snapshot_timer, kvd_snapshot_cb, s->snap_period_ms, s->snap_period_ms);
 }
 
 /* ---- metrics ----------------------------------------------------------------------------- */
@@ -1141,6 +1279,7 @@ static void kvd_server_close_handles(kvd_server_t *s)
     kvd_close_if_open((uv_handle_t *)&s->epoch_timer);
     kvd_close_if_open((uv_handle_t *)&s->lease_timer);
     kvd_close_if_open((uv_handle_t *)&s->lifecycle_timer);
+    kvd_close_if_open((uv_handle_t *)&s->snapshot_timer);
     kvd_close_if_open((uv_handle_t *)&s->zap.poll);
     kvd_http_stop(&s->http);
     kvd_events_stop(s->events); /* publishes CLEARED (shutdown) first */
@@ -1202,9 +1341,24 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
     kvd_core_opts_t o;
     kvd_core_opts_default(&o, &g, (uint32_t)cfg->pages_fp8, (uint32_t)cfg->pages_tq3);
     /* cache_quota is applied with the other runtime-mutable keys (kvd_server_apply_config) */
-    /* The namespace salt keys the chain hash; it is random per start because the cache is not
-     * persisted yet (a persisted cache will persist its salt with it). */
-    randombytes_buf(o.hash_key, sizeof o.hash_key);
+    /* The namespace salt keys the chain hash. With persistence it lives in snapshot_dir (made
+     * once, 0600) so that reloaded entries stay findable; without, it is random per start. */
+    if (cfg->snapshot_dir[0]) {
+        int created = 0;
+        char serr[1024];
+        if (kvd_snap_salt_load(cfg->snapshot_dir, s->salt, &created, serr, sizeof serr) !=
+            KV_ERR_OK) {
+            snprintf(err, errlen, "snapshot_dir: %s", serr);
+            goto fail;
+        }
+        if (created)
+            KVD_LOGI("snapshot_dir %s: new namespace salt created (%s/salt, mode 0600)",
+                     cfg->snapshot_dir, cfg->snapshot_dir);
+        s->persist = 1;
+        memcpy(o.hash_key, s->salt, sizeof o.hash_key);
+    } else {
+        randombytes_buf(o.hash_key, sizeof o.hash_key);
+    }
     o.backend = cfg->backend;
     if (kvd_core_init(&s->core, &o, err, errlen) != KV_ERR_OK)
         goto fail;
@@ -1222,6 +1376,10 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
     s->lim.dir_entries = ex->dir_entries;
     s->lim.max_pages = ex->dir_entries > 65536 ? ex->dir_entries : 65536;
     kvd_server_apply_config(s);
+    if (s->persist) { /* after the quota is applied, before any client or event subscriber */
+        kvd_snap_ident(&s->snap_id, s->core, cfg->namespace, s->salt);
+        kvd_server_snapshot_load(s);
+    }
 
     snprintf(s->sock_path, sizeof s->sock_path, "%s", cfg->endpoint + 6);
     if (snprintf(s->fds_path, sizeof s->fds_path, "%s.fds", s->sock_path) >=
@@ -1291,6 +1449,9 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
     uv_timer_init(loop, &s->lifecycle_timer);
     s->lifecycle_timer.data = s;
     kvd_server_apply_config(s); /* starts the lifecycle timer unless lifecycle_ms = 0 */
+    uv_timer_init(loop, &s->snapshot_timer);
+    s->snapshot_timer.data = s;
+    kvd_snapshot_timer_apply(s);
     if (cfg->metrics_port &&
         kvd_http_start(&s->http, loop, cfg->metrics_addr, (int)cfg->metrics_port,
                        kvd_render_metrics, s, err, errlen) != 0)
@@ -1315,8 +1476,14 @@ void kvd_server_stop(kvd_server_t *s)
 {
     if (!s || s->stopping)
         return;
-    s->stopping = 1;
     KVD_LOGI("stopping: %u sessions attached", s->nsessions);
+    if (s->persist) { /* the clean-shutdown snapshot: sealed pages are immutable, so taking it
+                         with sessions still attached is consistent */
+        kvd_snap_result_t r;
+        char err[1024];
+        kvd_server_snapshot(s, "shutdown", &r, err, sizeof err);
+    }
+    s->stopping = 1;
     kvd_server_close_handles(s);
 }
 
@@ -1349,6 +1516,7 @@ void kvd_server_free(kvd_server_t **ps)
         unlink(s->sock_path);
     kvd_lc_free(&s->lc);
     kvd_core_free(&s->core);
+    sodium_memzero(s->salt, sizeof s->salt);
     ar_reset(s);
     free(s->sendbuf);
     free(s->lookup_buf);
