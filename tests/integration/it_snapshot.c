@@ -1,0 +1,218 @@
+/* it_snapshot.c — the durable prefix cache end to end (docs/snapshot.md): a real kvd with
+ * --snapshot_dir in a temporary directory; a client seals a prompt of N pages with known bytes;
+ * `kvctl snapshot`; SIGTERM (which writes one more generation); a new daemon on the same
+ * directory; a new client looks the same tokens up and hits all N pages with identical bytes
+ * through its own mapping. Then the newest generation gets one flipped byte: the next daemon
+ * refuses it (the log names the file and "CRC32C mismatch") and loads the older one. Then a
+ * daemon with another head_dim: every generation refused with "geometry mismatch", the cache
+ * starts empty, and the daemon serves. `kvctl check` is clean at every step; the temporary
+ * directories are removed at the end.
+ */
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "itest.h"
+
+#define NPAGES 5u
+#define PT 16u /* itest's page_tokens */
+
+static char sdir[64];
+
+static void tokens(uint32_t *t)
+{
+    for (uint32_t i = 0; i < NPAGES * PT; i++)
+        t[i] = 1000u + i * 7u;
+}
+
+static uint8_t byte_at(uint32_t page, uint64_t i)
+{
+    return (uint8_t)(page * 29u + i * 11u + (i >> 9));
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static void log_has(const itest_kvd_t *k, const char *what)
+{
+    char *l = slurp(k->log);
+    if (!l || !strstr(l, what))
+        fail_msg("daemon log lacks \"%s\":\n%s", what, l ? l : "(no log)");
+}
+
+static void start(itest_kvd_t *k, const char *head_dim)
+{
+    const char *extra[] = {"--snapshot_dir", sdir, "--lifecycle_ms", "0",
+                           "--head_dim",     head_dim, NULL};
+    itest_kvd_start(k, extra);
+}
+
+/* Seal the prompt with known bytes, then release it: N cached entries on the LRU. */
+static void seal_prompt(const itest_kvd_t *k)
+{
+    kvc_t *c = itest_connect(k, "sealer");
+    uint32_t tok[NPAGES * PT], pages[NPAGES];
+    tokens(tok);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, NPAGES, pages), KV_ERR_OK);
+    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    uint32_t prev = KVP_NO_PAGE;
+    for (uint32_t i = 0; i < NPAGES; i++) {
+        uint8_t *p = kvc_page_ptr(c, pages[i]);
+        assert_non_null(p);
+        for (uint64_t b = 0; b < pb; b++)
+            p[b] = byte_at(i, b);
+        uint32_t out;
+        assert_int_equal(kvc_seal(c, pages[i], prev, tok + i * PT, PT, NULL, 0, &out), KV_ERR_OK);
+        assert_int_equal(out, pages[i]);
+        prev = pages[i];
+    }
+    assert_int_equal(kvc_release(c, pages, NPAGES), KV_ERR_OK);
+    kvc_close(&c);
+}
+
+/* A new client looks the prompt up: returns the hits, checking every hit's bytes. */
+static size_t lookup_prompt(const itest_kvd_t *k)
+{
+    kvc_t *c = itest_connect(k, "reader");
+    uint32_t tok[NPAGES * PT], pages[NPAGES], matched = 0;
+    tokens(tok);
+    size_t np = 0;
+    assert_int_equal(kvc_lookup(c, tok, NPAGES * PT, NULL, 0, 0, pages, NPAGES, &np, &matched),
+                     KV_ERR_OK);
+    assert_int_equal(matched, np * PT);
+    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    for (size_t i = 0; i < np; i++) {
+        const uint8_t *p = kvc_page_ptr(c, pages[i]);
+        assert_non_null(p);
+        for (uint64_t b = 0; b < pb; b++)
+            if (p[b] != byte_at((uint32_t)i, b))
+                fail_msg("page %zu (logical %u) byte %llu: %u, sealed %u", i, pages[i],
+                         (unsigned long long)b, p[b], byte_at((uint32_t)i, b));
+    }
+    if (np)
+        assert_int_equal(kvc_release(c, pages, np), KV_ERR_OK);
+    kvc_close(&c);
+    return np;
+}
+
+/* Path of the newest generation in sdir. */
+static void newest(char *out, size_t cap)
+{
+    DIR *d = opendir(sdir);
+    assert_non_null(d);
+    char best[256] = "";
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (!strncmp(e->d_name, "cache.", 6) && strlen(e->d_name) == 31 &&
+            strcmp(e->d_name, best) > 0)
+            snprintf(best, sizeof best, "%s", e->d_name);
+    closedir(d);
+    assert_true(best[0]);
+    snprintf(out, cap, "%s/%s", sdir, best);
+}
+
+static void test_snapshot_restart(void **state)
+{
+    snprintf(sdir, sizeof sdir, "/tmp/kvd-it-snap-XXXXXX");
+    assert_non_null(mkdtemp(sdir));
+    itest_kvd_t k;
+
+    /* 1. seal, snapshot on demand, stop (a second generation at shutdown) */
+    start(&k, "64");
+    log_has(&k, "new namespace salt created");
+    seal_prompt(&k);
+    itest_assert_check(&k);
+    char out[4096];
+    const char *snap[] = {"snapshot", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, snap), 0);
+    if (!strstr(out, "generation 1, 5 pages"))
+        fail_msg("kvctl snapshot said: %s", out);
+    assert_int_equal(itest_stat(&k, "snapshots_written"), 1);
+    assert_int_equal(itest_stat(&k, "snapshot_pages"), NPAGES);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+
+    /* 2. a new daemon on the same directory: same salt, all N pages back, same bytes */
+    start(&k, "64");
+    log_has(&k, "snapshot loaded: generation 2");
+    assert_int_equal(itest_stat(&k, "snapshot_load_pages"), NPAGES);
+    assert_int_equal(itest_stat(&k, "cache_entries"), NPAGES);
+    itest_assert_check(&k);
+    assert_int_equal(lookup_prompt(&k), NPAGES);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0); /* generation 3 */
+
+    /* 3. one flipped byte in the newest generation: refused, the older one loads */
+    char path[512];
+    newest(path, sizeof path);
+    assert_non_null(strstr(path, "cache.00000000000000000003.snap"));
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, -100, SEEK_END), 0);
+    int ch = fgetc(f);
+    assert_int_equal(fseek(f, -100, SEEK_END), 0);
+    fputc(ch ^ 0x20, f);
+    fclose(f);
+    start(&k, "64");
+    log_has(&k, "snapshot refused");
+    log_has(&k, path);
+    log_has(&k, "CRC32C mismatch");
+    log_has(&k, "snapshot loaded: generation 2");
+    assert_int_equal(itest_stat(&k, "snapshot_load_refused"), 1);
+    assert_int_equal(lookup_prompt(&k), NPAGES);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+
+    /* 4. another head_dim: every generation refused, empty cache, the daemon serves */
+    start(&k, "128");
+    log_has(&k, "geometry mismatch");
+    log_has(&k, "refused; the cache starts empty");
+    assert_int_equal(itest_stat(&k, "cache_entries"), 0);
+    assert_int_equal(lookup_prompt(&k), 0);
+    kvc_t *c = itest_connect(&k, "alloc");
+    uint32_t pg[2];
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 2, pg), KV_ERR_OK);
+    kvc_close(&c);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", sdir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Persistence off (the default): kvctl snapshot is refused with the reason. */
+static void test_snapshot_off(void **state)
+{
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    char out[1024];
+    const char *snap[] = {"snapshot", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, snap), 1);
+    assert_int_equal(itest_stat(&k, "snapshots_written"), 0);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_snapshot_restart),
+        cmocka_unit_test(test_snapshot_off),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
