@@ -250,8 +250,9 @@ static const char *ev_kind(int k)
 
 static const char *ev_reason(int r)
 {
-    static const char *names[] = {"", "pressure", "quota", "admin", "start", "shutdown"};
-    return r >= 0 && r < 6 ? names[r] : "unknown";
+    static const char *names[] = {"", "pressure", "quota", "admin", "start", "shutdown",
+                                  "restored"};
+    return r >= 0 && r < 7 ? names[r] : "unknown";
 }
 
 static void print_entry(const Kvd__Event *ev, const Kvd__EventEntry *x)

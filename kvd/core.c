@@ -630,6 +630,9 @@ int kvd_core_cache_restore(kvd_core_t *c, const uint8_t hash[KVD_HASH_BYTES], kv
     c->pool[f].ncached++;
     c->st.cache_entries++;
     c->st.cache_restored++;
+    kvd_index_ev_t ev = {.kind = KVD_INDEX_EV_STORED, .logical = lid, .fmt = f,
+                         .hash = p->hash, .ntok = c->geom.page_tokens, .restored = 1};
+    kvd__index_event(c, &ev); /* before refs_changed: its quota may REMOVE this very entry */
     if (logical_out)
         *logical_out = lid;
     kvd__refs_changed(c, lid); /* joins the LRU tail; the quota may evict from the head */

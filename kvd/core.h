@@ -260,6 +260,7 @@ int kvd_core_unpin(kvd_core_t *c, uint32_t logical);
  *   REMOVED  a binding went away: pressure eviction, quota eviction, admin evict (the one
  *            funnel, kvd__cache_evict in prefix.c);
  *   FORMAT   a bound page changed format (kvd_core_convert of a cached page).
+ * kvd_core_cache_restore fires STORED with `restored` set (a snapshot keeps no tokens).
  * Every pointer in the event is borrowed for the duration of the call. The hook must not call
  * into the core (it runs in the middle of a state change); it may copy and queue. */
 typedef enum kvd_index_ev_kind_e {
@@ -285,6 +286,7 @@ typedef struct kvd_index_ev_s {
     const uint8_t *extra;         /* STORED: [extra_len] extra hashed with the page */
     size_t extra_len;
     kvd_evict_why_t why;          /* REMOVED only */
+    int restored;                 /* STORED by kvd_core_cache_restore: no parent, no tokens */
 } kvd_index_ev_t;
 
 typedef void (*kvd_index_hook_fn)(const kvd_index_ev_t *ev, void *ud);

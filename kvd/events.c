@@ -200,6 +200,10 @@ void kvd_events_hook(const kvd_index_ev_t *ev, void *ud)
     case KVD_INDEX_EV_STORED:
         s->kind = KVD__EVENT_ENTRY__KIND__KIND_STORED;
         s->ntok = ev->ntok;
+        if (ev->restored) {
+            s->reason = KVD__EVENT_ENTRY__REASON__REASON_RESTORED;
+            break; /* a snapshot keeps neither parent nor tokens */
+        }
         if (ev->parent) {
             s->has_parent = 1;
             memcpy(s->parent, ev->parent, KVD_HASH_BYTES);
@@ -247,6 +251,27 @@ static void clear(kvd_events_t *e, Kvd__EventEntry__Reason why)
     s->reason = (uint8_t)why;
     s->page = UINT32_MAX;
     e->n++;
+}
+
+typedef struct announce_s {
+    kvd_events_t *e;
+    uint32_t ntok;
+} announce_t;
+
+static void announce_cb(const kvd_page_info_t *p, void *ud)
+{
+    const announce_t *a = ud;
+    kvd_index_ev_t ev = {.kind = KVD_INDEX_EV_STORED, .logical = p->logical, .fmt = p->fmt,
+                         .hash = p->hash, .ntok = a->ntok, .restored = 1};
+    kvd_events_hook(&ev, a->e);
+}
+
+void kvd_events_announce(kvd_events_t *e, const kvd_core_t *c)
+{
+    if (!e)
+        return;
+    announce_t a = {.e = e, .ntok = kvd_core_export(c)->geom.page_tokens};
+    kvd_core_cache_foreach(c, announce_cb, &a);
 }
 
 static void check_cb(uv_check_t *h)

@@ -43,6 +43,10 @@ int kvd_events_init(kvd_events_t **out, uv_loop_t *loop, const kvd_events_opts_t
 void kvd_events_hook(const kvd_index_ev_t *ev, void *ud);
 /* Runtime-mutable settings (config set): entries per message, token ids on or off. */
 void kvd_events_configure(kvd_events_t *e, uint32_t batch_max, int tokens);
+/* Queue a STORED (reason RESTORED: no parent, no tokens) for every entry already in the
+ * index: what a snapshot restored before the publisher existed. Call once, right after init
+ * and kvd_core_set_index_hook, on the loop thread. */
+void kvd_events_announce(kvd_events_t *e, const kvd_core_t *c);
 /* Publish what is pending now (normally the uv_check handle does). */
 void kvd_events_flush(kvd_events_t *e);
 /* Queue CLEARED (shutdown), flush, and close the loop handle (uv_close; run the loop after). */

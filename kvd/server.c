@@ -1429,6 +1429,7 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
         if (kvd_events_init(&s->events, loop, &eo, err, errlen) != 0)
             goto fail;
         kvd_core_set_index_hook(s->core, kvd_events_hook, s->events);
+        kvd_events_announce(s->events, s->core); /* what the snapshot load restored */
     }
 
     /* The fd socket comes last: its file appearing means the daemon is ready. */

@@ -5,11 +5,13 @@
  * tokens, extra), dedupe and unsealed pages (nothing), quota eviction, admin eviction, pressure
  * eviction (REMOVED with its reason and the hash STORED announced), conversions of cached
  * pages (FORMAT both ways) and of unbound pages (nothing), session close (nothing: the cache
- * keeps sealed pages), and removing the hook.
+ * keeps sealed pages), a snapshot restore (STORED marked restored, then its quota's REMOVED),
+ * and removing the hook.
  *
  * The publisher (kvd/events.c) with a real SUB socket on a temporary ipc endpoint: the entries
  * of one flush arrive as one [namespace][Event] message with every field, seq contiguous,
- * batch_max splitting a flush into several messages in order, token ids off, CLEARED at stop;
+ * batch_max splitting a flush into several messages in order, token ids off, CLEARED at stop,
+ * the announcement of entries restored before the publisher existed;
  * and a throughput figure (entries/s through encode, send, receive and decode), printed, not
  * asserted.
  */
@@ -38,6 +40,7 @@ typedef struct rec_s {
     uint32_t ntok, tok0;
     size_t extra_len;
     kvd_evict_why_t why;
+    int restored;
 } rec_t;
 
 static rec_t recs[REC_MAX];
@@ -63,6 +66,7 @@ static void record(const kvd_index_ev_t *ev, void *ud)
     r->tok0 = ev->tokens ? ev->tokens[0] : UINT32_MAX;
     r->extra_len = ev->extra_len;
     r->why = ev->why;
+    r->restored = ev->restored;
 }
 
 static int calls;
@@ -233,6 +237,50 @@ static void test_convert(void **state)
     FX_OK(kvd_core_cache_evict(c, ids[0]));
     assert_int_equal(nrec, 2);
     assert_int_equal(calls, 4); /* 2 STORED + 2 FORMAT; nothing after the removal */
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
+/* Restore a cache entry with hash bytes all `tag` (page content zeros). */
+static uint32_t restore(kvd_core_t *c, uint8_t tag)
+{
+    uint8_t h[KVD_HASH_BYTES];
+    memset(h, tag, sizeof h);
+    size_t len = (size_t)kvd_core_export(c)->page_bytes[KV_FMT_FP8];
+    void *bytes = calloc(1, len);
+    assert_non_null(bytes);
+    uint32_t lid;
+    FX_OK(kvd_core_cache_restore(c, h, KV_FMT_FP8, bytes, len, &lid));
+    free(bytes);
+    return lid;
+}
+
+/* A snapshot restore binds: STORED marked restored (no parent, no tokens); the quota it runs
+ * afterwards REMOVEs the LRU head, after the STORED. */
+static void test_restore(void **state)
+{
+    kvd_core_t *c = ev_core(1);
+    uint32_t a = restore(c, 0xA1);
+    assert_int_equal(nrec, 1);
+    assert_rec(0, KVD_INDEX_EV_STORED, a);
+    assert_true(recs[0].restored);
+    assert_false(recs[0].has_parent);
+    assert_int_equal(recs[0].ntok, FX_PT);
+    assert_int_equal(recs[0].tok0, UINT32_MAX); /* no tokens */
+    assert_int_equal(recs[0].hash[0], 0xA1);
+    uint32_t b = restore(c, 0xB2);
+    assert_int_equal(nrec, 3);
+    assert_rec(1, KVD_INDEX_EV_STORED, b);
+    assert_rec(2, KVD_INDEX_EV_REMOVED, a);
+    assert_int_equal(recs[2].why, KVD_EVICT_QUOTA);
+    assert_int_equal(recs[2].hash[0], 0xA1);
+    /* a seal is not a restore */
+    uint64_t s;
+    FX_OK(kvd_core_session_open(c, 1, 0, &s));
+    uint32_t id;
+    seal_chain(c, s, 60, 1, &id, NULL, 0);
+    assert_rec(3, KVD_INDEX_EV_STORED, id);
+    assert_false(recs[3].restored);
     FX_CHECK(c);
     kvd_core_free(&c);
 }
@@ -417,6 +465,42 @@ static void test_publisher(void **state)
     pub_close(&f);
 }
 
+/* Entries bound before the publisher existed (a snapshot load at start) are announced once:
+ * STORED, reason RESTORED, no parent and no token ids, in one message. */
+static void test_announce(void **state)
+{
+    kvd_core_t *c = ev_core(0);
+    kvd_core_set_index_hook(c, NULL, NULL);
+    uint32_t a = restore(c, 0x11), b = restore(c, 0x22);
+    pubfx_t f;
+    uint64_t seq = pub_open(&f, 64, 1);
+    kvd_events_announce(f.ev, c);
+    kvd_events_flush(f.ev);
+    Kvd__Event *e = recv_event(&f, 30000);
+    assert_non_null(e);
+    assert_int_equal(e->seq, seq + 1);
+    assert_int_equal(e->n_entries, 2);
+    int seen_a = 0, seen_b = 0;
+    for (size_t i = 0; i < 2; i++) {
+        const Kvd__EventEntry *x = e->entries[i];
+        assert_int_equal(x->kind, KVD__EVENT_ENTRY__KIND__KIND_STORED);
+        assert_int_equal(x->reason, KVD__EVENT_ENTRY__REASON__REASON_RESTORED);
+        assert_int_equal(x->parent_hash.len, 0);
+        assert_int_equal(x->n_token_ids, 0);
+        assert_int_equal(x->tokens, FX_PT);
+        assert_int_equal(x->hash.len, KVD_HASH_BYTES);
+        if (x->page == a && x->hash.data[0] == 0x11)
+            seen_a++;
+        if (x->page == b && x->hash.data[0] == 0x22)
+            seen_b++;
+    }
+    assert_int_equal(seen_a, 1);
+    assert_int_equal(seen_b, 1);
+    kvd__event__free_unpacked(e, NULL);
+    pub_close(&f);
+    kvd_core_free(&c);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -463,7 +547,9 @@ int main(void)
         cmocka_unit_test(test_chain_stored),
         cmocka_unit_test(test_quota_admin_pressure),
         cmocka_unit_test(test_convert),
+        cmocka_unit_test(test_restore),
         cmocka_unit_test(test_publisher),
+        cmocka_unit_test(test_announce),
         cmocka_unit_test(test_publisher_rate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
