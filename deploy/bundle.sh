@@ -63,9 +63,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-for tool in ldd tar gzip sha256sum objdump file; do
+for tool in ldd tar gzip sha256sum objdump; do
     command -v "$tool" >/dev/null 2>&1 ||
-        die "needs '$tool' on PATH (Debian: apt-get install binutils coreutils file tar gzip libc-bin)"
+        die "needs '$tool' on PATH (Debian: apt-get install binutils coreutils tar gzip libc-bin)"
 done
 # relative --build is taken from the repository root, like the README's build/ paths
 case $build in /*) ;; *) [ -d "$build" ] || build=$top/$build ;; esac
@@ -120,7 +120,8 @@ EOF
     chmod 0755 "$root/bin/$base"
 }
 
-is_elf() { file -L "$1" | grep -q ELF; }
+# ELF magic: 0x7f 'E' 'L' 'F' (no dependency on file(1), absent from minimal images)
+is_elf() { [ "$(head -c 4 "$1" | tr -d '\177')" = ELF ]; }
 
 pack_elf "$kvd_bin"
 pack_elf "$kvctl_bin"
