@@ -12,6 +12,8 @@
  *     drain                        refuse new sessions/pages; existing work continues
  *     check                        invariant check; exit 1 when anything is inconsistent
  *     snapshot                     write a durable cache snapshot now (docs/snapshot.md)
+ *     events sync                  republish the whole index on the events socket (CLEARED,
+ *                                  then one STORED per entry), for routers that saw a gap
  *     events [--count N] [--from EP]
  *                                  subscribe to the index events (docs/protocol.md "Index
  *                                  events") and print one line per entry as they arrive;
@@ -49,6 +51,7 @@ static void usage(FILE *f)
             "  drain                       stop accepting new work\n"
             "  check                       verify the daemon's invariants (exit 1 if broken)\n"
             "  snapshot                    write a snapshot of the prefix cache now\n"
+            "  events sync                 republish the whole index on the events socket\n"
             "  events [--count N] [--from EP]  print index events as they arrive (one line\n"
             "                              per entry; N entries then exit; EP: the PUB endpoint,\n"
             "                              default the daemon's events_endpoint)\n"
@@ -251,8 +254,8 @@ static const char *ev_kind(int k)
 static const char *ev_reason(int r)
 {
     static const char *names[] = {"", "pressure", "quota", "admin", "start", "shutdown",
-                                  "restored"};
-    return r >= 0 && r < 7 ? names[r] : "unknown";
+                                  "restored", "resync"};
+    return r >= 0 && r < 8 ? names[r] : "unknown";
 }
 
 static void print_entry(const Kvd__Event *ev, const Kvd__EventEntry *x)
@@ -460,7 +463,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!strcmp(args[0], "events"))
+    if (!strcmp(args[0], "events") && !(nargs == 2 && !strcmp(args[1], "sync")))
         return cmd_events(ep, timeout, nargs, args);
     Kvd__Request req = KVD__REQUEST__INIT;
     Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
@@ -473,6 +476,7 @@ int main(int argc, char **argv)
     Kvd__ConfigSetReq cs = KVD__CONFIG_SET_REQ__INIT;
     Kvd__DrainReq dr = KVD__DRAIN_REQ__INIT;
     Kvd__CheckReq ck = KVD__CHECK_REQ__INIT;
+    Kvd__EventsSyncReq es = KVD__EVENTS_SYNC_REQ__INIT;
     Kvd__SnapshotReq sn = KVD__SNAPSHOT_REQ__INIT;
     const char *cmd = args[0], *sub = nargs > 1 ? args[1] : "";
     if (!strcmp(cmd, "status") && nargs == 1) {
@@ -528,6 +532,9 @@ int main(int argc, char **argv)
     } else if (!strcmp(cmd, "check") && nargs == 1) {
         req.body_case = KVD__REQUEST__BODY_CHECK;
         req.check = &ck;
+    } else if (!strcmp(cmd, "events") && !strcmp(sub, "sync")) {
+        req.body_case = KVD__REQUEST__BODY_EVENTS_SYNC;
+        req.events_sync = &es;
     } else if (!strcmp(cmd, "snapshot") && nargs == 1) {
         req.body_case = KVD__REQUEST__BODY_SNAPSHOT;
         req.snapshot = &sn;
@@ -589,6 +596,11 @@ int main(int argc, char **argv)
             break;
         case KVD__REPLY__BODY_CONFIG_SET:
             print_config(&rep->config_set->item, 1, 1);
+            break;
+        case KVD__REPLY__BODY_EVENTS_SYNC:
+            printf(json ? "{\"seq\":%" PRIu64 ",\"entries\":%u}\n"
+                        : "republished: CLEARED in message %" PRIu64 ", then %u entries\n",
+                   rep->events_sync->seq, rep->events_sync->entries);
             break;
         case KVD__REPLY__BODY_DRAIN:
             printf(json ? "{\"draining\":true,\"sessions\":%u}\n"

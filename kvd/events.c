@@ -255,23 +255,50 @@ static void clear(kvd_events_t *e, Kvd__EventEntry__Reason why)
 
 typedef struct announce_s {
     kvd_events_t *e;
-    uint32_t ntok;
+    uint32_t ntok, n;
+    uint8_t reason;
 } announce_t;
 
+/* One STORED for a bound entry whose parent and tokens are unknown (the core keeps hashes). */
 static void announce_cb(const kvd_page_info_t *p, void *ud)
 {
-    const announce_t *a = ud;
-    kvd_index_ev_t ev = {.kind = KVD_INDEX_EV_STORED, .logical = p->logical, .fmt = p->fmt,
-                         .hash = p->hash, .ntok = a->ntok, .restored = 1};
-    kvd_events_hook(&ev, a->e);
+    announce_t *a = ud;
+    ev_ent_t *s = push(a->e);
+    if (!s) {
+        lose(a->e, 1);
+        return;
+    }
+    s->kind = KVD__EVENT_ENTRY__KIND__KIND_STORED;
+    s->reason = a->reason;
+    s->fmt = (uint8_t)p->fmt;
+    s->page = p->logical;
+    s->ntok = a->ntok;
+    memcpy(s->hash, p->hash, KVD_HASH_BYTES);
+    a->e->n++;
+    a->n++;
+}
+
+static uint32_t announce(kvd_events_t *e, const kvd_core_t *c, uint8_t reason)
+{
+    announce_t a = {.e = e, .ntok = kvd_core_export(c)->geom.page_tokens, .reason = reason};
+    kvd_core_cache_foreach(c, announce_cb, &a);
+    return a.n;
 }
 
 void kvd_events_announce(kvd_events_t *e, const kvd_core_t *c)
 {
-    if (!e)
-        return;
-    announce_t a = {.e = e, .ntok = kvd_core_export(c)->geom.page_tokens};
-    kvd_core_cache_foreach(c, announce_cb, &a);
+    if (e)
+        announce(e, c, KVD__EVENT_ENTRY__REASON__REASON_RESTORED);
+}
+
+void kvd_events_resync(kvd_events_t *e, const kvd_core_t *c, uint64_t *seq_out,
+                       uint32_t *entries_out)
+{
+    kvd_events_flush(e); /* changes made before the request go out first, as they happened */
+    *seq_out = e->seq + 1;
+    clear(e, KVD__EVENT_ENTRY__REASON__REASON_RESYNC);
+    *entries_out = announce(e, c, KVD__EVENT_ENTRY__REASON__REASON_RESYNC);
+    kvd_events_flush(e);
 }
 
 static void check_cb(uv_check_t *h)

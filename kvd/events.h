@@ -47,6 +47,11 @@ void kvd_events_configure(kvd_events_t *e, uint32_t batch_max, int tokens);
  * index: what a snapshot restored before the publisher existed. Call once, right after init
  * and kvd_core_set_index_hook, on the loop thread. */
 void kvd_events_announce(kvd_events_t *e, const kvd_core_t *c);
+/* Republish the whole index (events_sync): flush what is pending, then CLEARED (reason
+ * RESYNC) and one STORED (reason RESYNC, no parent, no tokens) per bound entry, flushed before
+ * returning. *seq_out = seq of the message holding the CLEARED; *entries_out = STOREDs. */
+void kvd_events_resync(kvd_events_t *e, const kvd_core_t *c, uint64_t *seq_out,
+                       uint32_t *entries_out);
 /* Publish what is pending now (normally the uv_check handle does). */
 void kvd_events_flush(kvd_events_t *e);
 /* Queue CLEARED (shutdown), flush, and close the loop handle (uv_close; run the loop after). */

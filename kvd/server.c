@@ -964,6 +964,23 @@ static kv_err_t kvd_op_snapshot(kvd_req_ctx_t *c)
     return KV_ERR_OK;
 }
 
+/* Republish the whole index on the events socket (docs/protocol.md "Index events"). Published
+ * before the reply is built: a router that gets the reply has had every message sent. */
+static kv_err_t kvd_op_events_sync(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    if (!s->events)
+        return kvd_fail(c, KV_ERR_FAILED_PRECONDITION,
+                        "events are off: start kvd with events_endpoint set");
+    uint64_t seq;
+    uint32_t n;
+    kvd_events_resync(s->events, s->core, &seq, &n);
+    KVD_BODY(c, Kvd__EventsSyncRep, KVD__EVENTS_SYNC_REP__INIT, events_sync, EVENTS_SYNC);
+    b_->seq = seq;
+    b_->entries = n;
+    return KV_ERR_OK;
+}
+
 typedef kv_err_t (*kvd_op_fn)(kvd_req_ctx_t *c);
 static const kvd_op_fn kvd_ops[KVP_OP_COUNT] = {
 #define KVD_OP_FN_(cs, nm, sess, adm) kvd_op_##nm,

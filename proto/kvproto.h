@@ -58,7 +58,8 @@
     XX(CONFIG_SET, config_set, 0, 1)                                                               \
     XX(DRAIN, drain, 0, 1)                                                                         \
     XX(CHECK, check, 0, 1)                                                                         \
-    XX(SNAPSHOT, snapshot, 0, 1)
+    XX(SNAPSHOT, snapshot, 0, 1)                                                                   \
+    XX(EVENTS_SYNC, events_sync, 0, 1)
 
 /* Dense operation index (for per-op tables such as latency histograms). */
 typedef enum kvp_op_e {

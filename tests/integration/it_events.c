@@ -13,10 +13,13 @@
  *   3. kvctl cache evict PAGE → exactly one REMOVED (admin) with that page's STORED hash;
  *   4. a 6-page prompt in a sequence: 6 STORED, then the lifecycle controller retiers the
  *      Stale pages [1, 4) → exactly 3 FORMAT_CHANGED to tq3 with their STORED hashes;
+ *   4b. `kvctl events sync` → CLEARED (resync) then every bound entry once (the evicted one
+ *      not, the Stale ones as tq3), the reply naming the CLEARED's message;
  *   5. `kvctl events --count 1 --json` in a child prints a STORED line;
  *   6. the daemon's counters agree (events_dropped 0, events_seq = the last seq seen) and
  *      stopping it publishes CLEARED (shutdown) as the next message.
  * Sequence numbers must be contiguous across every message received after the first.
+ * Also: with events off, hello names no endpoint and kvctl events / events sync fail.
  *
  * Waits poll with generous timeouts (CI is a loaded 2-core machine).
  */
@@ -284,6 +287,38 @@ static void test_events(void **state)
     assert_true(itest_wait_stat(&k, "lifecycle_backlog", 0, WAIT_MS) >= 0);
     assert_int_equal(itest_stat(&k, "retiers"), 3);
 
+    /* 4b. kvctl events sync: CLEARED (resync), then every bound entry once, the Stale ones
+     * as tq3; the reply names the message that starts it */
+    uint64_t bound = itest_stat(&k, "cache_entries");
+    const char *sync_args[] = {"--json", "events", "sync", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, sync_args), 0);
+    ent_t cr = next(s);
+    assert_int_equal(cr.kind, KVD__EVENT_ENTRY__KIND__KIND_CLEARED);
+    assert_int_equal(cr.reason, KVD__EVENT_ENTRY__REASON__REASON_RESYNC);
+    char sync_want[96];
+    snprintf(sync_want, sizeof sync_want, "{\"seq\":%llu,\"entries\":%llu}",
+             (unsigned long long)cr.seq, (unsigned long long)bound);
+    if (!strstr(out, sync_want))
+        fail_msg("kvctl events sync printed '%s', expected '%s'", out, sync_want);
+    int found6[6] = {0};
+    for (uint64_t n = 0; n < bound; n++) {
+        ent_t x = next(s);
+        assert_int_equal(x.kind, KVD__EVENT_ENTRY__KIND__KIND_STORED);
+        assert_int_equal(x.reason, KVD__EVENT_ENTRY__REASON__REASON_RESYNC);
+        assert_int_equal(x.nids, 0);
+        assert_false(x.has_parent);
+        assert_false(x.page == st[3].page && !memcmp(x.hash, st[3].hash, 32)); /* evicted */
+        for (int i = 0; i < 6; i++)
+            if (x.page == canon[i]) {
+                assert_memory_equal(x.hash, st6[i].hash, 32);
+                assert_int_equal(x.format, i >= 1 && i <= 3 ? KVD__FORMAT__FORMAT_TQ3
+                                                            : KVD__FORMAT__FORMAT_FP8);
+                found6[i]++;
+            }
+    }
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(found6[i], 1);
+
     /* 5. kvctl events in a child: probe until it prints a line */
     int pfd[2];
     assert_int_equal(pipe(pfd), 0);
@@ -356,9 +391,28 @@ static void test_events(void **state)
     }
 }
 
+/* Events off (the default): kvctl says so, events sync is refused, hello names no endpoint. */
+static void test_events_off(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = itest_connect(&k, "events-off");
+    assert_string_equal(kvc_events_endpoint(c), "");
+    kvc_close(&c);
+    char out[4096];
+    const char *sync_args[] = {"events", "sync", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, sync_args), 1);
+    const char *ev_args[] = {"events", "--count", "1", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, ev_args), 1);
+    assert_int_equal(itest_stat(&k, "events_batches"), 0);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_events_off),
         cmocka_unit_test(test_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

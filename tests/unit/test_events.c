@@ -11,7 +11,8 @@
  * The publisher (kvd/events.c) with a real SUB socket on a temporary ipc endpoint: the entries
  * of one flush arrive as one [namespace][Event] message with every field, seq contiguous,
  * batch_max splitting a flush into several messages in order, token ids off, CLEARED at stop,
- * the announcement of entries restored before the publisher existed;
+ * the announcement of entries restored before the publisher existed, a resync (pending changes
+ * first, then CLEARED and the whole index, split by batch_max);
  * and a throughput figure (entries/s through encode, send, receive and decode), printed, not
  * asserted.
  */
@@ -501,6 +502,62 @@ static void test_announce(void **state)
     kvd_core_free(&c);
 }
 
+/* events_sync: pending changes go out first, then CLEARED (resync) and one STORED (resync) per
+ * bound entry, split by batch_max, in order. */
+static void test_resync(void **state)
+{
+    kvd_core_t *c = ev_core(0);
+    kvd_core_set_index_hook(c, NULL, NULL);
+    uint64_t sid;
+    FX_OK(kvd_core_session_open(c, 1, 0, &sid));
+    uint32_t ids[2];
+    seal_chain(c, sid, 70, 2, ids, NULL, 0);
+    pubfx_t f;
+    uint64_t seq = pub_open(&f, 2, 1);
+    uint8_t h9[KVD_HASH_BYTES];
+    memset(h9, 9, sizeof h9);
+    kvd_index_ev_t rm = {.kind = KVD_INDEX_EV_REMOVED, .logical = 17, .fmt = KV_FMT_FP8,
+                         .hash = h9, .why = KVD_EVICT_ADMIN};
+    kvd_events_hook(&rm, f.ev); /* pending when the resync comes */
+    uint64_t rseq;
+    uint32_t n;
+    kvd_events_resync(f.ev, c, &rseq, &n);
+    assert_int_equal(rseq, seq + 2);
+    assert_int_equal(n, 2);
+    Kvd__Event *e = recv_event(&f, 30000);
+    assert_non_null(e);
+    assert_int_equal(e->seq, seq + 1);
+    assert_int_equal(e->n_entries, 1);
+    assert_int_equal(e->entries[0]->kind, KVD__EVENT_ENTRY__KIND__KIND_REMOVED);
+    kvd__event__free_unpacked(e, NULL);
+    e = recv_event(&f, 30000);
+    assert_non_null(e);
+    assert_int_equal(e->seq, seq + 2);
+    assert_int_equal(e->n_entries, 2); /* batch_max 2: CLEARED + the first STORED */
+    assert_int_equal(e->entries[0]->kind, KVD__EVENT_ENTRY__KIND__KIND_CLEARED);
+    assert_int_equal(e->entries[0]->reason, KVD__EVENT_ENTRY__REASON__REASON_RESYNC);
+    const Kvd__EventEntry *x1 = e->entries[1];
+    assert_int_equal(x1->kind, KVD__EVENT_ENTRY__KIND__KIND_STORED);
+    assert_int_equal(x1->reason, KVD__EVENT_ENTRY__REASON__REASON_RESYNC);
+    assert_int_equal(x1->n_token_ids, 0);
+    assert_int_equal(x1->parent_hash.len, 0);
+    uint32_t first = x1->page;
+    kvd__event__free_unpacked(e, NULL);
+    e = recv_event(&f, 30000);
+    assert_non_null(e);
+    assert_int_equal(e->seq, seq + 3);
+    assert_int_equal(e->n_entries, 1);
+    assert_int_equal(e->entries[0]->reason, KVD__EVENT_ENTRY__REASON__REASON_RESYNC);
+    uint32_t second = e->entries[0]->page;
+    assert_true((first == ids[0] && second == ids[1]) || (first == ids[1] && second == ids[0]));
+    kvd_page_info_t pi;
+    FX_OK(kvd_core_page_info(c, second, &pi));
+    assert_memory_equal(e->entries[0]->hash.data, pi.hash, KVD_HASH_BYTES);
+    kvd__event__free_unpacked(e, NULL);
+    pub_close(&f);
+    kvd_core_free(&c);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -550,6 +607,7 @@ int main(void)
         cmocka_unit_test(test_restore),
         cmocka_unit_test(test_publisher),
         cmocka_unit_test(test_announce),
+        cmocka_unit_test(test_resync),
         cmocka_unit_test(test_publisher_rate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
