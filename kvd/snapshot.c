@@ -238,9 +238,9 @@ static int snap_header_check(const uint8_t *h, uint64_t size, const kvd_snap_ide
                              "its hashes can never match");
         return KV_ERR_GEOMETRY_MISMATCH;
     }
-    /* Counts are bounded first, so the size arithmetic below cannot overflow: 2 × 2^32 ×
-     * (64 + page bytes ≤ 2^40) < 2^74 would, but page bytes are the daemon's own (checked
-     * equal above, each < 2^31 for a valid geometry), so every product stays < 2^64. */
+    /* Counts are bounded before any multiplication: the running total of records stays
+     * ≤ 2^32 and page bytes (the daemon's own, checked equal above) ≤ 2^31, so the expected
+     * size stays below 2^32 × (2^31 + 64) + 160 < 2^64 whatever the header says. */
     uint64_t expect = SNAP_HDR, total = 0;
     for (int f = 0; f < KV_FMT_COUNT; f++) {
         uint64_t n = get64(h + 72 + 8 * f);
@@ -250,13 +250,13 @@ static int snap_header_check(const uint8_t *h, uint64_t size, const kvd_snap_ide
                     kvd_fmt_name(f));
             return KV_ERR_MALFORMED;
         }
-        out->count[f] = n;
         total += n;
+        if (total > KVD_SNAP_MAX_PAGES) {
+            kvd_fmt(err, errlen, "%" PRIu64 " records: more than the index can hold", total);
+            return KV_ERR_MALFORMED;
+        }
+        out->count[f] = n;
         expect += n * (KVD_SNAP_RECORD_BYTES + want->page_bytes[f]);
-    }
-    if (total > KVD_SNAP_MAX_PAGES) {
-        kvd_fmt(err, errlen, "%" PRIu64 " records: more than the index can hold", total);
-        return KV_ERR_MALFORMED;
     }
     if (size != expect) {
         kvd_fmt(err, errlen,

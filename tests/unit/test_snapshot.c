@@ -419,6 +419,11 @@ static void test_parser_refuses(void **state)
     fix_hdr_crc(b);
     expect_bad(b, len, &id, KV_ERR_MALFORMED, "more than a pool can hold");
     RESET();
+    put_u64(b + 72, 1ull << 32); /* each count at the bound, the sum above it */
+    put_u64(b + 80, 1ull << 32);
+    fix_hdr_crc(b);
+    expect_bad(b, len, &id, KV_ERR_MALFORMED, "more than the index can hold");
+    RESET();
     put_u64(b + 72, 2);
     put_u64(b + 80, 1); /* same total size only if page bytes were equal: they are not */
     fix_hdr_crc(b);
