@@ -16,6 +16,8 @@
  *   promote    back to FP8 the same way, compared with kvk_cuda_page_promote
  *   failure    with the test hook a failed conversion leaves the device entry untouched
  *   device     KVD_CUDA_DEVICE=999 is refused with a message naming the variable
+ *   snapshot   a restored cache page (ops->page_write) is on the device byte for byte and
+ *              reads back through ops->page_read, per format (the snapshot's copies)
  *
  * Geometry: layers 3, kv_heads 2, head_dim 128, page_tokens 13 (awkward: not a power of two,
  * so block tails have padding), 7 FP8 + 5 TQ3 pages.
@@ -284,6 +286,34 @@ int main(void)
         ok = ok && dev_entry(b, ids[i]) == b->dir[ids[i]] &&
              !(kv_dir_flags(b->dir[ids[i]]) & KV_DIR_VALID);
     check(ok, "release", "freed entries invalid on the device and in the mirror");
+
+    /* snapshot copies: kvd_core_cache_restore writes a page through ops->page_write, the bytes
+     * are on the device at its phys, and kvd_core_page_read (ops->page_read) returns them */
+    for (int f = 0; f < KV_FMT_COUNT; f++) {
+        uint64_t pbf = kvd_core_export(c)->page_bytes[f];
+        uint8_t *src = malloc(pbf), *dev = malloc(pbf), *back = malloc(pbf);
+        for (uint64_t i = 0; i < pbf; i++)
+            src[i] = (uint8_t)(i * 37u + 11u + (uint64_t)f);
+        uint8_t h[32];
+        memset(h, 0xC0 + f, sizeof h);
+        uint32_t lid = KVD_NONE;
+        rc = kvd_core_cache_restore(c, h, (kv_fmt_t)f, src, pbf, &lid);
+        ok = rc == KV_ERR_OK && lid != KVD_NONE;
+        if (ok) {
+            kv_dir_entry_t e = dev_entry(b, lid);
+            CK(cudaMemcpy(dev, b->pools.base[f] + kv_dir_phys(e) * pbf, pbf,
+                          cudaMemcpyDeviceToHost));
+            ok = kv_dir_fmt(e) == (kv_fmt_t)f && memcmp(dev, src, pbf) == 0 &&
+                 kvd_core_page_read(c, lid, back, pbf) == KV_ERR_OK &&
+                 memcmp(back, src, pbf) == 0;
+        }
+        check(ok, f == KV_FMT_FP8 ? "snapshot copy fp8" : "snapshot copy tq3",
+              "restore rc %d, %llu bytes through page_write / page_read", rc,
+              (unsigned long long)pbf);
+        free(src);
+        free(dev);
+        free(back);
+    }
 
     cudaFree(dk);
     cudaFree(dv);
