@@ -495,8 +495,9 @@ static void test_node_runs_one_daemon_per_gpu(void **state)
     fclose(f);
     snprintf(env, sizeof env,
              "env KVD_GPUS='0 1' KVD_CONFIG='%s' KVD_RUN_DIR='%s/run' KVD_METRICS_PORT_BASE=0 "
-             "KVD_BIN='%s' KVD_SVC='%s' KVCTL='%s' KVD_DRAIN_TIMEOUT=5",
-             conf, dir, KVD_BIN, DEPLOY "/kvd-svc", KVCTL_BIN);
+             "KVD_BIN='%s' KVD_SVC='%s' KVCTL='%s' KVD_DRAIN_TIMEOUT=5 KVD_STATE_DIR='%s/state' "
+             "KVD_EVENTS=yes",
+             conf, dir, KVD_BIN, DEPLOY "/kvd-svc", KVCTL_BIN, dir);
     char run[2304];
     snprintf(run, sizeof run, "%s sh '%s' ", env, DEPLOY "/k8s/kvd-node");
     pid_t pid = fork();
@@ -522,6 +523,17 @@ static void test_node_runs_one_daemon_per_gpu(void **state)
     }
     assert_int_equal(sh(out, sizeof out, "%s probe ready", run), 0);
     assert_int_equal(sh(out, sizeof out, "%s probe live", run), 0);
+    /* per-GPU flags: own events socket and snapshot directory (with its salt) */
+    for (int g = 0; g < 2; g++) {
+        char path[256];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/run/%d/events.sock", dir, g);
+        if (stat(path, &sb) != 0 || !S_ISSOCK(sb.st_mode))
+            fail_msg("no events socket %s", path);
+        snprintf(path, sizeof path, "%s/state/%d", dir, g);
+        if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode) || (sb.st_mode & 077))
+            fail_msg("no private snapshot directory %s", path);
+    }
     assert_int_equal(sh(out, sizeof out, "%s drain", run), 0);
     assert_int_not_equal(sh(out, sizeof out, "%s probe ready", run), 0);
     assert_int_equal(sh(out, sizeof out, "%s probe live", run), 0);
