@@ -46,8 +46,8 @@
 #include "util.h"
 
 static const uint8_t snap_magic[8] = {'K', 'V', 'D', 'S', 'N', 'A', 'P', 0};
-#define SNAP_REC_MAGIC 0x5244564Bu /* "KVDR" read as a little-endian u32 */
-#define SNAP_HDR 160u
+#define SNAP_REC_MAGIC   0x5244564Bu /* "KVDR" read as a little-endian u32 */
+#define SNAP_HDR         KVD_SNAP_HEADER_BYTES
 #define SNAP_FLAG_SALTED 0x1u
 
 /* ---- CRC32C ------------------------------------------------------------------------------ */
@@ -127,8 +127,8 @@ void kvd_snap_ident(kvd_snap_ident_t *id, const kvd_core_t *c, const char *names
     for (int f = 0; f < KV_FMT_COUNT; f++)
         id->page_bytes[f] = kv_page_bytes(&ex->geom, (kv_fmt_t)f);
     /* keyed: the fingerprint identifies the salt without revealing it */
-    crypto_generichash(id->salt_id, KVD_SNAP_ID_BYTES, (const uint8_t *)ctx, sizeof(ctx) - 1,
-                       salt, KVD_HASH_KEY_BYTES);
+    crypto_generichash(id->salt_id, KVD_SNAP_ID_BYTES, (const uint8_t *)ctx, sizeof(ctx) - 1, salt,
+                       KVD_HASH_KEY_BYTES);
     const char *ns = namespace_ ? namespace_ : "";
     crypto_generichash(id->ns_id, KVD_SNAP_ID_BYTES, (const uint8_t *)ns, strlen(ns), NULL, 0);
 }
@@ -173,8 +173,8 @@ static int snap_header_check(const uint8_t *h, uint64_t size, const kvd_snap_ide
                              snap_hdr_t *out, char *err, size_t errlen)
 {
     if (size < SNAP_HDR) {
-        kvd_fmt(err, errlen, "%" PRIu64 " bytes: shorter than the %u-byte header (truncated)",
-                size, SNAP_HDR);
+        kvd_fmt(err, errlen, "%" PRIu64 " bytes: shorter than the %u-byte header (truncated)", size,
+                SNAP_HDR);
         return KV_ERR_MALFORMED;
     }
     if (memcmp(h, snap_magic, 8) != 0) {
@@ -183,8 +183,8 @@ static int snap_header_check(const uint8_t *h, uint64_t size, const kvd_snap_ide
     }
     uint32_t crc = kvd_crc32c(0, h, 156);
     if (crc != get32(h + 156)) {
-        kvd_fmt(err, errlen, "header CRC32C mismatch (stored %08x, computed %08x)",
-                get32(h + 156), crc);
+        kvd_fmt(err, errlen, "header CRC32C mismatch (stored %08x, computed %08x)", get32(h + 156),
+                crc);
         return KV_ERR_MALFORMED;
     }
     if (get32(h + 8) != KVD_SNAP_FORMAT_VERSION || get32(h + 12) != SNAP_HDR) {
@@ -198,8 +198,8 @@ static int snap_header_check(const uint8_t *h, uint64_t size, const kvd_snap_ide
             return KV_ERR_MALFORMED;
         }
     if (get32(h + 16) != KVD_SNAP_HASH_VERSION) {
-        kvd_fmt(err, errlen, "chain hash version %u, this kvd computes version %u",
-                get32(h + 16), KVD_SNAP_HASH_VERSION);
+        kvd_fmt(err, errlen, "chain hash version %u, this kvd computes version %u", get32(h + 16),
+                KVD_SNAP_HASH_VERSION);
         return KV_ERR_GEOMETRY_MISMATCH;
     }
     if (get32(h + 20) != KVD_SNAP_LAYOUT_VERSION) {
@@ -219,8 +219,8 @@ static int snap_header_check(const uint8_t *h, uint64_t size, const kvd_snap_ide
         return KV_ERR_GEOMETRY_MISMATCH;
     }
     if (get32(h + 48) != KV_FMT_COUNT || get32(h + 52) != SNAP_FLAG_SALTED) {
-        kvd_fmt(err, errlen, "%u formats, flags %#x; expected %d formats, flags %#x",
-                get32(h + 48), get32(h + 52), KV_FMT_COUNT, SNAP_FLAG_SALTED);
+        kvd_fmt(err, errlen, "%u formats, flags %#x; expected %d formats, flags %#x", get32(h + 48),
+                get32(h + 52), KV_FMT_COUNT, SNAP_FLAG_SALTED);
         return KV_ERR_MALFORMED;
     }
     for (int f = 0; f < KV_FMT_COUNT; f++)
@@ -234,8 +234,9 @@ static int snap_header_check(const uint8_t *h, uint64_t size, const kvd_snap_ide
         return KV_ERR_GEOMETRY_MISMATCH;
     }
     if (memcmp(h + 104, want->salt_id, KVD_SNAP_ID_BYTES) != 0) {
-        kvd_fmt(err, errlen, "written under another namespace salt (the salt file changed): "
-                             "its hashes can never match");
+        kvd_fmt(err, errlen,
+                "written under another namespace salt (the salt file changed): "
+                "its hashes can never match");
         return KV_ERR_GEOMETRY_MISMATCH;
     }
     /* Counts are bounded before any multiplication: the running total of records stays
@@ -259,9 +260,8 @@ static int snap_header_check(const uint8_t *h, uint64_t size, const kvd_snap_ide
         expect += n * (KVD_SNAP_RECORD_BYTES + want->page_bytes[f]);
     }
     if (size != expect) {
-        kvd_fmt(err, errlen,
-                "%" PRIu64 " bytes but the header promises %" PRIu64 " (%s)", size, expect,
-                size < expect ? "truncated" : "trailing bytes");
+        kvd_fmt(err, errlen, "%" PRIu64 " bytes but the header promises %" PRIu64 " (%s)", size,
+                expect, size < expect ? "truncated" : "trailing bytes");
         return KV_ERR_MALFORMED;
     }
     out->gen = get64(h + 88);
@@ -329,15 +329,18 @@ static int snap_records(snap_src_t *s, const snap_hdr_t *hd, const kvd_snap_iden
             break;
         uint32_t f = get32(r + 4), flags = get32(r + 8);
         if (get32(r) != SNAP_REC_MAGIC || get32(r + 12) != 0 || get32(r + 56) != (uint32_t)i) {
-            kvd_fmt(err, errlen, "record %" PRIu64 " at offset %" PRIu64
-                    ": bad record magic, reserved field or index", i, at);
+            kvd_fmt(err, errlen,
+                    "record %" PRIu64 " at offset %" PRIu64
+                    ": bad record magic, reserved field or index",
+                    i, at);
             rc = KV_ERR_MALFORMED;
             break;
         }
-        if (f >= KV_FMT_COUNT || seen[f] >= hd->count[f] ||
-            get64(r + 16) != want->page_bytes[f] || (flags & ~KVD_SNAP_REC_PINNED)) {
-            kvd_fmt(err, errlen, "record %" PRIu64 " at offset %" PRIu64
-                    ": format %u / %" PRIu64 " bytes / flags %#x do not fit the header",
+        if (f >= KV_FMT_COUNT || seen[f] >= hd->count[f] || get64(r + 16) != want->page_bytes[f] ||
+            (flags & ~KVD_SNAP_REC_PINNED)) {
+            kvd_fmt(err, errlen,
+                    "record %" PRIu64 " at offset %" PRIu64 ": format %u / %" PRIu64
+                    " bytes / flags %#x do not fit the header",
                     i, at, f, get64(r + 16), flags);
             rc = KV_ERR_MALFORMED;
             break;
@@ -348,8 +351,10 @@ static int snap_records(snap_src_t *s, const snap_hdr_t *hd, const kvd_snap_iden
             break;
         uint32_t crc = kvd_crc32c(kvd_crc32c(0, r, 60), page, (size_t)pb);
         if (crc != get32(r + 60)) {
-            kvd_fmt(err, errlen, "record %" PRIu64 " at offset %" PRIu64
-                    ": CRC32C mismatch (stored %08x, computed %08x)", i, at, get32(r + 60), crc);
+            kvd_fmt(err, errlen,
+                    "record %" PRIu64 " at offset %" PRIu64
+                    ": CRC32C mismatch (stored %08x, computed %08x)",
+                    i, at, get32(r + 60), crc);
             rc = KV_ERR_MALFORMED;
             break;
         }
@@ -385,8 +390,8 @@ typedef struct snap_load_s {
     int core_failed; /* the core refused a record: its message is kvd_core_errmsg */
 } snap_load_t;
 
-static int snap_restore_cb(void *ud, const uint8_t hash[KVD_HASH_BYTES], kv_fmt_t f,
-                           uint32_t flags, const uint8_t *bytes, uint64_t len)
+static int snap_restore_cb(void *ud, const uint8_t hash[KVD_HASH_BYTES], kv_fmt_t f, uint32_t flags,
+                           const uint8_t *bytes, uint64_t len)
 {
     snap_load_t *L = ud;
     if (L->skip[f]) {
@@ -491,8 +496,8 @@ int kvd_snap_load_file(kvd_core_t *c, const char *path, const kvd_snap_ident_t *
     }
     rc = snap_records(&s, &hd, id, snap_restore_cb, &L, err, errlen);
     if (rc != KV_ERR_OK && L.core_failed)
-        kvd_fmt(err, errlen, "record %" PRIu64 ": restoring it failed: %s",
-                L.n + L.skipped, kvd_core_errmsg(c));
+        kvd_fmt(err, errlen, "record %" PRIu64 ": restoring it failed: %s", L.n + L.skipped,
+                kvd_core_errmsg(c));
     close(fd);
     if (rc != KV_ERR_OK) {
         snap_rollback(&L);
@@ -598,9 +603,8 @@ static int snap_fsync_dir(const char *dir, char *err, size_t errlen)
     return KV_ERR_OK;
 }
 
-int kvd_snap_load(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id,
-                  kvd_snap_log_fn log, void *log_ud, kvd_snap_result_t *r, char *err,
-                  size_t errlen)
+int kvd_snap_load(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id, kvd_snap_log_fn log,
+                  void *log_ud, kvd_snap_result_t *r, char *err, size_t errlen)
 {
     uint64_t t0 = snap_now_ns();
     memset(r, 0, sizeof(*r));
@@ -673,8 +677,8 @@ static int write_all(int fd, const struct iovec *iov, int iovcnt, char *err, siz
     return KV_ERR_OK;
 }
 
-int kvd_snap_write(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id,
-                   kvd_snap_result_t *r, char *err, size_t errlen)
+int kvd_snap_write(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id, kvd_snap_result_t *r,
+                   char *err, size_t errlen)
 {
     uint64_t t0 = snap_now_ns();
     memset(r, 0, sizeof(*r));
@@ -689,8 +693,7 @@ int kvd_snap_write(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id,
     kvd_core_stats(c, &st);
     snap_collect_t w = {.cap = (size_t)st.cache_entries};
     w.e = w.cap ? kvd_calloc(w.cap, sizeof(snap_entry_t)) : NULL;
-    uint64_t maxpb = id->page_bytes[0] > id->page_bytes[1] ? id->page_bytes[0]
-                                                           : id->page_bytes[1];
+    uint64_t maxpb = id->page_bytes[0] > id->page_bytes[1] ? id->page_bytes[0] : id->page_bytes[1];
     uint8_t *page = kvd_malloc((size_t)maxpb);
     if ((w.cap && !w.e) || !page) {
         kvd_free(w.e);
@@ -785,8 +788,8 @@ int kvd_snap_write(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id,
 }
 
 /* ---- salt -------------------------------------------------------------------------------- */
-int kvd_snap_salt_load(const char *dir, uint8_t salt[KVD_HASH_KEY_BYTES], int *created,
-                       char *err, size_t errlen)
+int kvd_snap_salt_load(const char *dir, uint8_t salt[KVD_HASH_KEY_BYTES], int *created, char *err,
+                       size_t errlen)
 {
     *created = 0;
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {

@@ -38,16 +38,18 @@
 
 #include "core.h"
 
-#define KVD_SNAP_FORMAT_VERSION 1u /* this file format (header and record layout) */
-#define KVD_SNAP_HASH_VERSION 1u   /* chain hash: BLAKE2b-256(salt || prev || tokens u32 LE ||
-                                      extra), docs/core.md; bump when it changes */
-#define KVD_SNAP_LAYOUT_VERSION 1u /* FP8/TQ3 page layouts of cuda/kv_format.h and the TQ3
-                                      codebook; bump when a page's bytes mean something else */
-#define KVD_SNAP_HEADER_BYTES 128u
-#define KVD_SNAP_RECORD_BYTES 64u  /* record header; the page's bytes follow */
-#define KVD_SNAP_ID_BYTES 16u
-#define KVD_SNAP_KEEP 2            /* generations kept */
-#define KVD_SNAP_MAX_PAGES (1ull << 32) /* a count above this is refused before any I/O */
+/* Versions in the header; each mismatch refuses a file with its own reason. FORMAT: this
+ * file's layout (snapshot.c). HASH: the chain hash, BLAKE2b-256(salt || prev || tokens u32 LE
+ * || extra) (docs/core.md). LAYOUT: the FP8/TQ3 page layouts of cuda/kv_format.h and the TQ3
+ * codebook. Bump the one whose meaning changes. */
+#define KVD_SNAP_FORMAT_VERSION 1u
+#define KVD_SNAP_HASH_VERSION   1u
+#define KVD_SNAP_LAYOUT_VERSION 1u
+#define KVD_SNAP_HEADER_BYTES   160u
+#define KVD_SNAP_RECORD_BYTES   64u /* record header; the page's bytes follow */
+#define KVD_SNAP_ID_BYTES       16u
+#define KVD_SNAP_KEEP           2            /* generations kept */
+#define KVD_SNAP_MAX_PAGES      (1ull << 32) /* a count above this is refused before any I/O */
 
 /* What a snapshot must match to be loaded (and what a written one records). */
 typedef struct kvd_snap_ident_s {
@@ -67,8 +69,8 @@ void kvd_snap_ident(kvd_snap_ident_t *id, const kvd_core_t *c, const char *names
  * KV_ERR_PERMISSION_DENIED) when the file is not a regular file of exactly 32 bytes owned by
  * this uid or when group/other may read it — a leaked salt lets anyone compute this
  * namespace's hashes. *created = 1 when it was made now. */
-int kvd_snap_salt_load(const char *dir, uint8_t salt[KVD_HASH_KEY_BYTES], int *created,
-                       char *err, size_t errlen);
+int kvd_snap_salt_load(const char *dir, uint8_t salt[KVD_HASH_KEY_BYTES], int *created, char *err,
+                       size_t errlen);
 
 typedef struct kvd_snap_result_s {
     uint64_t generation;
@@ -82,8 +84,8 @@ typedef struct kvd_snap_result_s {
 
 /* Write a new generation of every cached page. KV_ERR_OK, or IO / NOMEM / DEVICE with a
  * message naming the call and the file; on failure the previous generations are untouched. */
-int kvd_snap_write(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id,
-                   kvd_snap_result_t *r, char *err, size_t errlen);
+int kvd_snap_write(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id, kvd_snap_result_t *r,
+                   char *err, size_t errlen);
 
 /* Called once per refused generation with a line "FILE: reason" (for the log). */
 typedef void (*kvd_snap_log_fn)(void *ud, const char *line);
@@ -91,9 +93,8 @@ typedef void (*kvd_snap_log_fn)(void *ud, const char *line);
 /* Load the newest generation that passes every check (see the top). Returns KV_ERR_OK also
  * when nothing was loaded (empty directory, or every generation refused: r->pages == 0,
  * r->refused says how many); an error only for the directory itself (IO). */
-int kvd_snap_load(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id,
-                  kvd_snap_log_fn log, void *log_ud, kvd_snap_result_t *r, char *err,
-                  size_t errlen);
+int kvd_snap_load(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id, kvd_snap_log_fn log,
+                  void *log_ud, kvd_snap_result_t *r, char *err, size_t errlen);
 
 /* Load one file into the core, all or nothing. On any failure every page it restored is
  * evicted again and the message says why. Errors: IO (open, read, short file), MALFORMED

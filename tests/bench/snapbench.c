@@ -77,8 +77,7 @@ int main(int argc, char **argv)
         return 1;
     }
     kvd_core_t *b = core(n, salt);
-    if (kvd_snap_load(b, dir, &id, NULL, NULL, &l, err, sizeof(err)) != KV_ERR_OK ||
-        l.pages != n) {
+    if (kvd_snap_load(b, dir, &id, NULL, NULL, &l, err, sizeof(err)) != KV_ERR_OK || l.pages != n) {
         fprintf(stderr, "snapbench: load: %s (%" PRIu64 " pages)\n", err, l.pages);
         return 1;
     }

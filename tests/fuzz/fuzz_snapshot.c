@@ -60,8 +60,8 @@ static void fix_crcs(uint8_t *b, size_t size, const kvd_snap_ident_t *id)
         return;
     put32(b + 156, kvd_crc32c(0, b, 156));
     for (size_t off = 160; size - off >= 64;) {
-        uint32_t f = (uint32_t)b[off + 4] | (uint32_t)b[off + 5] << 8 |
-                     (uint32_t)b[off + 6] << 16 | (uint32_t)b[off + 7] << 24;
+        uint32_t f = (uint32_t)b[off + 4] | (uint32_t)b[off + 5] << 8 | (uint32_t)b[off + 6] << 16 |
+                     (uint32_t)b[off + 7] << 24;
         if (f >= KV_FMT_COUNT || size - off - 64 < id->page_bytes[f])
             return;
         size_t pb = (size_t)id->page_bytes[f];

@@ -6,7 +6,8 @@
  * refuses it (the log names the file and "CRC32C mismatch") and loads the older one. Then a
  * daemon with another head_dim: every generation refused with "geometry mismatch", the cache
  * starts empty, and the daemon serves. `kvctl check` is clean at every step; the temporary
- * directories are removed at the end.
+ * directories are removed at the end. Also: snapshot_ms writes after a change and not while
+ * the cache is unchanged; kvctl snapshot is refused when persistence is off.
  */
 #include <dirent.h>
 #include <setjmp.h>
@@ -16,13 +17,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
 #include "itest.h"
 
 #define NPAGES 5u
-#define PT 16u /* itest's page_tokens */
+#define PT     16u /* itest's page_tokens */
 
 static char sdir[64];
 
@@ -58,8 +60,8 @@ static void log_has(const itest_kvd_t *k, const char *what)
 
 static void start(itest_kvd_t *k, const char *head_dim)
 {
-    const char *extra[] = {"--snapshot_dir", sdir, "--lifecycle_ms", "0",
-                           "--head_dim",     head_dim, NULL};
+    const char *extra[] = {"--snapshot_dir", sdir, "--lifecycle_ms", "0", "--head_dim",
+                           head_dim,         NULL};
     itest_kvd_start(k, extra);
 }
 
@@ -196,6 +198,33 @@ static void test_snapshot_restart(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* snapshot_ms: a snapshot follows a cache change within a few periods, and none is written
+ * while the cache stays as it is; config set snapshot_ms 0 stops them. */
+static void test_snapshot_periodic(void **state)
+{
+    snprintf(sdir, sizeof sdir, "/tmp/kvd-it-snap-XXXXXX");
+    assert_non_null(mkdtemp(sdir));
+    itest_kvd_t k;
+    const char *extra[] = {"--snapshot_dir", sdir, "--snapshot_ms", "20", NULL};
+    itest_kvd_start(&k, extra);
+    seal_prompt(&k);
+    if (itest_wait_stat(&k, "snapshot_pages", NPAGES, 30000) < 0)
+        fail_msg("no periodic snapshot of the %u sealed pages", NPAGES);
+    uint64_t n = itest_stat(&k, "snapshots_written");
+    assert_true(n >= 1);
+    /* unchanged cache: 10 periods later, no new snapshot */
+    struct timespec ts = {0, 200 * 1000000L};
+    nanosleep(&ts, NULL);
+    assert_int_equal(itest_stat(&k, "snapshots_written"), n);
+    const char *off[] = {"config", "set", "snapshot_ms", "0", NULL};
+    char out[1024];
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, off), 0);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", sdir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* Persistence off (the default): kvctl snapshot is refused with the reason. */
 static void test_snapshot_off(void **state)
 {
@@ -212,6 +241,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_snapshot_restart),
+        cmocka_unit_test(test_snapshot_periodic),
         cmocka_unit_test(test_snapshot_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

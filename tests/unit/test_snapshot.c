@@ -49,7 +49,7 @@ static void tdir_remove(void)
     assert_int_equal(system(cmd), 0);
 }
 
-static const uint8_t fx_salt[32] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+static const uint8_t fx_salt[32] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,
                                     17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
 
 static kvd_core_t *snap_core(uint32_t fp8, uint32_t tq3)
@@ -252,7 +252,7 @@ static void test_round_trip(void **state)
     cache_prompt(a, s, 1, 3, p1);
     cache_prompt(a, s, 2, 2, p2);
     FX_OK(kvd_core_convert(a, p2[1], KV_FMT_TQ3)); /* one TQ3 entry: its bytes come back too */
-    fill_page(a, p2[1], 2, 1);                    /* known bytes in the TQ3 page */
+    fill_page(a, p2[1], 2, 1);                     /* known bytes in the TQ3 page */
     FX_OK(kvd_core_pin(a, p1[0]));
     kvd_snap_ident_t id;
     ident(&id, a);
