@@ -135,7 +135,7 @@ install -m 0644 "$top/deploy/kvd@.service" "$root/share/systemd/"
 install -m 0644 "$top/deploy/k8s/kvd-daemonset.yaml" "$root/share/k8s/"
 install -m 0644 "$top"/deploy/prometheus/*.yml "$root/share/prometheus/"
 install -m 0644 "$top"/deploy/grafana/*.json "$root/share/grafana/"
-for d in deploy.md daemon.md protocol.md; do
+for d in deploy.md daemon.md protocol.md snapshot.md; do
     [ -f "$top/docs/$d" ] && install -m 0644 "$top/docs/$d" "$root/docs/"
 done
 chmod 0644 "$root"/lib/* 2>/dev/null || true
