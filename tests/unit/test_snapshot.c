@@ -5,7 +5,8 @@
  * geometry, page bytes, namespace, salt, record CRC, record fields, truncation, trailing
  * bytes, oversized counts), the loader's fallback to the older generation and its rollback of
  * a half-restored file, the budget when the pool is smaller than the snapshot, generations
- * kept, stale .tmp files, the salt file's checks, and allocation failure during a load.
+ * kept, stale .tmp files, a directory that cannot be listed, the salt file's checks, and
+ * allocation failure during a load.
  * Fixture: core_fixture.h (3 tokens per page, 7 FP8 and 5 TQ3 pages).
  */
 #include "core_fixture.h"
@@ -681,6 +682,28 @@ static void test_load_oom(void **state)
     tdir_remove();
 }
 
+/* A directory that cannot be listed: write and load fail with IO naming it, nothing changes. */
+static void test_bad_directory(void **state)
+{
+    kvd_core_t *a = snap_core(FX_FP8, FX_TQ3);
+    uint64_t s;
+    FX_OK(kvd_core_session_open(a, 1, 0, &s));
+    uint32_t p1[2];
+    cache_prompt(a, s, 1, 2, p1);
+    kvd_snap_ident_t id;
+    ident(&id, a);
+    kvd_snap_result_t r;
+    char err[512] = "";
+    const char *nodir = "/nonexistent-kvd-snapshot-dir/x";
+    assert_int_equal(kvd_snap_write(a, nodir, &id, &r, err, sizeof(err)), KV_ERR_IO);
+    assert_non_null(strstr(err, nodir));
+    assert_int_equal(kvd_snap_load(a, nodir, &id, NULL, NULL, &r, err, sizeof(err)), KV_ERR_IO);
+    assert_int_equal(r.pages, 0);
+    assert_int_equal(fx_stats(a).cache_entries, 2);
+    FX_CHECK(a);
+    kvd_core_free(&a);
+}
+
 /* ---- salt file --------------------------------------------------------------------------- */
 static void test_salt_file(void **state)
 {
@@ -727,6 +750,7 @@ int main(void)
         cmocka_unit_test(test_rollback_half_load),
         cmocka_unit_test(test_budget_keeps_newest),
         cmocka_unit_test(test_load_oom),
+        cmocka_unit_test(test_bad_directory),
         cmocka_unit_test(test_salt_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
