@@ -55,7 +55,8 @@ static int free_port(void)
  * waits for, so the first connects may be refused: retry for up to 30 s (loaded CI). */
 static size_t scrape(int port, char *out, size_t cap)
 {
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     int s = -1;
     for (int64_t t0 = itest_now_us();;) {
@@ -127,8 +128,8 @@ static int sh(char *out, size_t cap, const char *fmt, ...)
 
 static int is_name_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == ':';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == ':';
 }
 
 /* ---- names referenced by the rules and dashboards --------------------------------------- */
@@ -417,8 +418,8 @@ static void test_svc_drain_and_probes(void **state)
     itest_kvd_t k;
     itest_kvd_start(&k, NULL);
     char svc[1024];
-    snprintf(svc, sizeof svc, "sh '%s' --kvctl '%s' --endpoint '%s'", DEPLOY "/kvd-svc",
-             KVCTL_BIN, k.endpoint);
+    snprintf(svc, sizeof svc, "sh '%s' --kvctl '%s' --endpoint '%s'", DEPLOY "/kvd-svc", KVCTL_BIN,
+             k.endpoint);
     assert_int_equal(sh(out, sizeof out, "%s wait", svc), 0);
     assert_int_equal(sh(out, sizeof out, "%s ready", svc), 0);
     assert_int_equal(sh(out, sizeof out, "%s live", svc), 0);
@@ -512,8 +513,10 @@ static void test_node_runs_one_daemon_per_gpu(void **state)
     }
     /* both daemons answer (the probe polls; kvd-svc wait gives each up to 30 s) */
     for (int g = 0; g < 2; g++) {
-        int rc = sh(out, sizeof out, "sh '%s' --kvctl '%s' --endpoint 'ipc://%s/run/%d/kvd.sock' "
-                    "--timeout 30 wait", DEPLOY "/kvd-svc", KVCTL_BIN, dir, g);
+        int rc = sh(out, sizeof out,
+                    "sh '%s' --kvctl '%s' --endpoint 'ipc://%s/run/%d/kvd.sock' "
+                    "--timeout 30 wait",
+                    DEPLOY "/kvd-svc", KVCTL_BIN, dir, g);
         if (rc != 0) {
             kill(pid, SIGTERM);
             waitpid(pid, NULL, 0);
@@ -576,18 +579,27 @@ static void test_bundle_unpacks_and_serves(void **state)
     *cut = '\0';
     char dir[] = "/tmp/kvd-it-bundle-XXXXXX";
     assert_non_null(mkdtemp(dir));
-    int rc = sh(out, sizeof out, "'%s' --build '%s' --out '%s/out'", DEPLOY "/bundle.sh", build,
-                dir);
+    int rc =
+        sh(out, sizeof out, "'%s' --build '%s' --out '%s/out'", DEPLOY "/bundle.sh", build, dir);
     if (rc != 0)
         fail_msg("bundle.sh failed:\n%s", out);
-    rc = sh(out, sizeof out, "cd '%s/out' && sha256sum -c kvd-*.tar.gz.sha256 && mkdir ../x && "
+    rc = sh(out, sizeof out,
+            "cd '%s/out' && sha256sum -c kvd-*.tar.gz.sha256 && mkdir ../x && "
             "tar -C ../x -xzf kvd-*.tar.gz && ls ../x/*/bin ../x/*/lib ../x/*/etc "
-            "../x/*/share/systemd", dir);
+            "../x/*/share/systemd",
+            dir);
     if (rc != 0)
         fail_msg("bundle does not verify or unpack:\n%s", out);
-    const char *want[] = {"kvd\n", "kvctl\n", "kvd-svc\n", "kvd-node\n", "libzmq.so.5\n",
-                          "libuv.so.1\n", "libprotobuf-c.so.1\n", "kvd.conf\n",
-                          "kvd@.service\n", NULL};
+    const char *want[] = {"kvd\n",
+                          "kvctl\n",
+                          "kvd-svc\n",
+                          "kvd-node\n",
+                          "libzmq.so.5\n",
+                          "libuv.so.1\n",
+                          "libprotobuf-c.so.1\n",
+                          "kvd.conf\n",
+                          "kvd@.service\n",
+                          NULL};
     for (int i = 0; want[i]; i++)
         if (!strstr(out, want[i]))
             fail_msg("bundle lacks %s", want[i]);
@@ -602,12 +614,15 @@ static void test_bundle_unpacks_and_serves(void **state)
         char cmd[1024];
         snprintf(cmd, sizeof cmd,
                  "exec env -i %s/x/*/bin/kvd --config %s/x/kvd-*/etc/kvd.conf --endpoint %s "
-                 "--pages_fp8 32 --pages_tq3 32 >%s/kvd.log 2>&1", dir, dir, ep, dir);
+                 "--pages_fp8 32 --pages_tq3 32 >%s/kvd.log 2>&1",
+                 dir, dir, ep, dir);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
-    rc = sh(out, sizeof out, "env -i %s/x/*/bin/kvd-svc --endpoint %s --timeout 30 wait && "
-            "env -i %s/x/*/bin/kvctl --endpoint %s status", dir, ep, dir, ep);
+    rc = sh(out, sizeof out,
+            "env -i %s/x/*/bin/kvd-svc --endpoint %s --timeout 30 wait && "
+            "env -i %s/x/*/bin/kvctl --endpoint %s status",
+            dir, ep, dir, ep);
     kill(pid, SIGTERM);
     int st;
     waitpid(pid, &st, 0);
