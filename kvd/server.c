@@ -104,6 +104,8 @@ struct kvd_server_s {
     kvd_snap_ident_t snap_id;
     uv_timer_t snapshot_timer;
     uint64_t snap_period_ms, snap_mark; /* timer period; cache-change mark of the last one */
+    uint64_t snap_gen;                  /* generation of the last snapshot written */
+    int snap_clean; /* the last snapshot WRITTEN holds the cache as it is (mark unchanged) */
     uint64_t snap_written, snap_failures, snap_pages, snap_bytes, snap_ms;
     uint64_t snap_load_pages, snap_load_skipped, snap_load_refused, snap_load_ms;
 };
@@ -162,6 +164,8 @@ static int kvd_server_snapshot(kvd_server_t *s, const char *why, kvd_snap_result
         return e;
     }
     s->snap_mark = mark;
+    s->snap_gen = r->generation;
+    s->snap_clean = 1;
     s->snap_written++;
     s->snap_pages = r->pages;
     s->snap_bytes = r->bytes;
@@ -1495,8 +1499,13 @@ void kvd_server_stop(kvd_server_t *s)
     if (!s || s->stopping)
         return;
     KVD_LOGI("stopping: %u sessions attached", s->nsessions);
-    if (s->persist) { /* the clean-shutdown snapshot: sealed pages are immutable, so taking it
-                         with sessions still attached is consistent */
+    if (s->persist && s->snap_clean && kvd_cache_mark(s) == s->snap_mark) {
+        /* e.g. `kvctl snapshot` just before SIGTERM: rewriting the same pages would only
+         * lengthen the shutdown and push an older generation out */
+        KVD_LOGI("snapshot (shutdown): cache unchanged since generation %" PRIu64
+                 ", not rewritten", s->snap_gen);
+    } else if (s->persist) { /* the clean-shutdown snapshot: sealed pages are immutable, so
+                                taking it with sessions still attached is consistent */
         kvd_snap_result_t r;
         char err[1024];
         kvd_server_snapshot(s, "shutdown", &r, err, sizeof err);
