@@ -187,7 +187,9 @@ static double reclaim_once(const char *ep)
     if (pid == 0) {
         kvc_t *c;
         uint32_t pages[100];
-        if (kvc_connect(&c, ep, 10000) || kvc_hello(c, NULL, "reclaim-victim", 1) ||
+        /* map = 0: the victim only holds references; and a forked child must not touch
+         * CUDA that the parent initialised when it mapped cuda pools (it would hang) */
+        if (kvc_connect(&c, ep, 10000) || kvc_hello(c, NULL, "reclaim-victim", 0) ||
             kvc_alloc(c, KV_FMT_FP8, 100, pages))
             _exit(1);
         if (write(p[1], "r", 1) != 1)
@@ -195,11 +197,13 @@ static double reclaim_once(const char *ep)
         for (;;)
             pause();
     }
+    close(p[1]); /* a child that fails exits and closes its end: read sees EOF, not a hang */
     char b;
-    if (read(p[0], &b, 1) != 1)
-        die("reclaim child", NULL);
+    if (read(p[0], &b, 1) != 1) {
+        waitpid(pid, NULL, 0);
+        die("reclaim child could not connect, hello and allocate 100 pages", NULL);
+    }
     close(p[0]);
-    close(p[1]);
     kvc_t *c;
     if (kvc_connect(&c, ep, 10000) != KV_ERR_OK)
         die("connect", NULL);
