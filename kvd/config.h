@@ -36,6 +36,9 @@
     XX(admit_uids, IDS, 0, 0, "", "", 0,                                                           \
        "uids admitted by the ZAP handler, comma separated (empty: the daemon's own uid)")          \
     XX(admit_gids, IDS, 0, 0, "", "", 0, "gids admitted in addition to admit_uids")               \
+    XX(socket_group, STR, 0, 0, "", "", 0,                                                         \
+       "group given access to the socket files (directory 0750, sockets 0660; empty: owner only, " \
+       "0700/0600); admission is still admit_uids/admit_gids")                                     \
     XX(lease_ms, U64, 100, 86400000, "", "10000", 1,                                               \
        "a session silent this long is reported lease-expired (its pages are kept)")                \
     XX(epoch_ms, U64, 1, 60000, "", "10", 1, "period of the epoch / deferred-free collector")      \

@@ -85,22 +85,22 @@ int kvd_metrics_render(const kvd_metrics_t *m, const kvd_stats_t *st,
                 "hold\n# TYPE kvd_bytes_per_live_token gauge\nkvd_bytes_per_live_token %.3f\n",
                 x->bytes_per_live_token);
     struct {
-        const char *name, *help;
+        const char *name, *help, *type; /* running totals are counters (rate() needs that) */
         uint64_t v;
     } g[] = {
-        {"sessions_connected", "sessions whose process is alive", x->sessions_connected},
-        {"sessions_lease_expired", "live sessions silent for longer than lease_ms",
+        {"sessions_connected", "sessions whose process is alive", "gauge", x->sessions_connected},
+        {"sessions_lease_expired", "live sessions silent for longer than lease_ms", "gauge",
          x->sessions_lease_expired},
-        {"zap_admitted", "connections admitted by the ZAP handler", x->zap_admitted},
-        {"zap_refused", "connections refused by the ZAP handler", x->zap_refused},
-        {"fd_handovers", "pool fd sets handed over SCM_RIGHTS", x->fd_handovers},
-        {"fd_refused", "fd socket connections refused", x->fd_refused},
-        {"uptime_seconds", "seconds since start", x->uptime_s},
-        {"draining", "1 while draining", x->draining},
+        {"zap_admitted", "connections admitted by the ZAP handler", "counter", x->zap_admitted},
+        {"zap_refused", "connections refused by the ZAP handler", "counter", x->zap_refused},
+        {"fd_handovers", "pool fd sets handed over SCM_RIGHTS", "counter", x->fd_handovers},
+        {"fd_refused", "fd socket connections refused", "counter", x->fd_refused},
+        {"uptime_seconds", "seconds since start", "gauge", x->uptime_s},
+        {"draining", "1 while draining", "gauge", x->draining},
     };
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
-        kvd_bprintf(&b, "# HELP kvd_%s %s\n# TYPE kvd_%s gauge\nkvd_%s %llu\n", g[i].name,
-                    g[i].help, g[i].name, g[i].name, (unsigned long long)g[i].v);
+        kvd_bprintf(&b, "# HELP kvd_%s %s\n# TYPE kvd_%s %s\nkvd_%s %llu\n", g[i].name,
+                    g[i].help, g[i].name, g[i].type, g[i].name, (unsigned long long)g[i].v);
     kvd_bprintf(&b, "# HELP kvd_rpc_errors_total replies by status code\n"
                     "# TYPE kvd_rpc_errors_total counter\n");
     for (int e = 0; e < KV_ERR_COUNT_; e++)

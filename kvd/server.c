@@ -17,6 +17,7 @@
 #include "server.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <sodium.h>
@@ -1327,6 +1328,46 @@ static int kvd_prepare_ipc_dir(const char *path, char *err, size_t errlen)
     return 0;
 }
 
+/* socket_group: file permissions are checked before ZAP sees a peer, so an engine running as
+ * another uid cannot even connect to a 0600 socket in a 0700 directory. With a group the
+ * directory becomes 0750 and the socket files 0660, group-owned; who is admitted is still
+ * decided by ZAP (admit_uids / admit_gids). */
+static int kvd_group_lookup(const char *name, gid_t *gid, char *err, size_t errlen)
+{
+    struct group *g = getgrnam(name);
+    if (!g) {
+        snprintf(err, errlen, "socket_group '%s': no such group", name);
+        return -1;
+    }
+    *gid = g->gr_gid;
+    return 0;
+}
+
+static int kvd_share_path(const char *path, gid_t gid, mode_t mode, char *err, size_t errlen)
+{
+    if (chown(path, (uid_t)-1, gid) != 0 || chmod(path, mode) != 0) {
+        snprintf(err, errlen, "socket_group: giving %s to gid %u mode %03o failed: %s (the "
+                 "daemon must be root or a member of the group)", path, (unsigned)gid,
+                 (unsigned)mode, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* The directory of an ipc path and the path itself, shared with the group. */
+static int kvd_share_ipc(const char *path, gid_t gid, char *err, size_t errlen)
+{
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = '\0';
+        if (kvd_share_path(dir, gid, 0750, err, errlen) != 0)
+            return -1;
+    }
+    return kvd_share_path(path, gid, 0660, err, errlen);
+}
+
 int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char *err,
                     size_t errlen)
 {
@@ -1435,6 +1476,11 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
         goto fail;
     }
     chmod(s->sock_path, 0600);
+    gid_t sock_gid = 0;
+    if (cfg->socket_group[0] &&
+        (kvd_group_lookup(cfg->socket_group, &sock_gid, err, errlen) != 0 ||
+         kvd_share_ipc(s->sock_path, sock_gid, err, errlen) != 0))
+        goto fail;
     int zfd;
     size_t zsz = sizeof zfd;
     zmq_getsockopt(s->router, ZMQ_FD, &zfd, &zsz);
@@ -1449,17 +1495,12 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
                                 .batch_max = (uint32_t)cfg->events_batch, .zap = 1};
         if (kvd_events_init(&s->events, loop, &eo, err, errlen) != 0)
             goto fail;
+        if (cfg->socket_group[0] && strncmp(cfg->events_endpoint, "ipc://", 6) == 0 &&
+            kvd_share_ipc(cfg->events_endpoint + 6, sock_gid, err, errlen) != 0)
+            goto fail;
         kvd_core_set_index_hook(s->core, kvd_events_hook, s->events);
         kvd_events_announce(s->events, s->core); /* what the snapshot load restored */
     }
-
-    /* The fd socket comes last: its file appearing means the daemon is ready. */
-    s->fds_listen = kvd_fdpass_listen(s->fds_path, err, errlen);
-    if (s->fds_listen < 0)
-        goto fail;
-    uv_poll_init(loop, &s->fds_poll, s->fds_listen);
-    s->fds_poll.data = s;
-    uv_poll_start(&s->fds_poll, UV_READABLE, kvd_fds_cb);
 
     uv_timer_init(loop, &s->epoch_timer);
     s->epoch_timer.data = s;
@@ -1478,11 +1519,27 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
         kvd_http_start(&s->http, loop, cfg->metrics_addr, (int)cfg->metrics_port,
                        kvd_render_metrics, s, err, errlen) != 0)
         goto fail;
+
+    /* The fd socket comes last (after the metrics port too): its file appearing is what
+     * clients, kvd-svc and the tests take as "ready". */
+    s->fds_listen = kvd_fdpass_listen(s->fds_path, err, errlen);
+    if (s->fds_listen < 0)
+        goto fail;
+    if (cfg->socket_group[0] && kvd_share_path(s->fds_path, sock_gid, 0660, err, errlen) != 0)
+        goto fail;
+    uv_poll_init(loop, &s->fds_poll, s->fds_listen);
+    s->fds_poll.data = s;
+    uv_poll_start(&s->fds_poll, UV_READABLE, kvd_fds_cb);
+
+    char metrics_at[320] = "";
+    if (cfg->metrics_port)
+        snprintf(metrics_at, sizeof metrics_at, "; metrics on http://%s:%u/metrics",
+                 cfg->metrics_addr, (unsigned)cfg->metrics_port);
     KVD_LOGI("serving namespace '%s' on %s (backend %s, %u FP8 + %u TQ3 pages of %" PRIu64
              " / %" PRIu64 " bytes, %u logical ids)%s",
              cfg->namespace, cfg->endpoint, ex->backend, ex->pages[KV_FMT_FP8],
              ex->pages[KV_FMT_TQ3], ex->page_bytes[KV_FMT_FP8], ex->page_bytes[KV_FMT_TQ3],
-             ex->dir_entries, cfg->metrics_port ? "; metrics on" : "");
+             ex->dir_entries, metrics_at);
     *out = s;
     return 0;
 fail:

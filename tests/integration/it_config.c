@@ -18,33 +18,9 @@
 
 #include "itest.h"
 
-static int run(const char *const *argv, char *out, size_t cap)
-{
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(p[1], 1);
-        dup2(p[1], 2);
-        close(p[0]);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(p[1]);
-    size_t len = 0;
-    ssize_t r;
-    while (len < cap - 1 && (r = read(p[0], out + len, cap - 1 - len)) > 0)
-        len += (size_t)r;
-    out[len] = '\0';
-    close(p[0]);
-    int st;
-    waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 static const char *const keys[] = {"endpoint", "backend", "namespace", "layers", "kv_heads",
                                    "head_dim", "page_tokens", "seed", "pages_fp8", "pages_tq3",
-                                   "cache_quota", "admit_uids", "admit_gids", "lease_ms",
+                                   "cache_quota", "admit_uids", "admit_gids", "socket_group", "lease_ms",
                                    "epoch_ms", "max_msg_bytes", "max_alloc", "max_tokens",
                                    "metrics_port", "metrics_addr", "log_level", "lifecycle_ms",
                                    "recent_pages", "anchor_pages", "retier_batch",
@@ -57,7 +33,7 @@ static void test_help_and_check_config(void **state)
     (void)state;
     static char out[65536];
     const char *help[] = {KVD_BIN, "--help", NULL};
-    assert_int_equal(run(help, out, sizeof out), 0);
+    assert_int_equal(itest_run(help, out, sizeof out), 0);
     for (int i = 0; keys[i]; i++) {
         char flag[64];
         snprintf(flag, sizeof flag, "--%s", keys[i]);
@@ -66,7 +42,7 @@ static void test_help_and_check_config(void **state)
     }
     /* the shipped example config is valid and documents every directive */
     const char *ok[] = {KVD_BIN, "--check-config", KVD_SOURCE_DIR "/deploy/kvd.conf", NULL};
-    if (run(ok, out, sizeof out) != 0)
+    if (itest_run(ok, out, sizeof out) != 0)
         fail_msg("deploy/kvd.conf does not check: %s", out);
     FILE *f = fopen(KVD_SOURCE_DIR "/deploy/kvd.conf", "r");
     assert_non_null(f);
@@ -89,7 +65,7 @@ static void test_help_and_check_config(void **state)
     assert_int_equal(write(fd, bad, strlen(bad)), (ssize_t)strlen(bad));
     close(fd);
     const char *chk[] = {KVD_BIN, "--check-config", path, NULL};
-    assert_int_equal(run(chk, out, sizeof out), 1);
+    assert_int_equal(itest_run(chk, out, sizeof out), 1);
     assert_non_null(strstr(out, ":3: key 'head_dim'"));
     assert_non_null(strstr(out, ":4: key 'not_a_key'"));
     assert_non_null(strstr(out, ":5: key 'lease_ms'"));
@@ -98,7 +74,7 @@ static void test_help_and_check_config(void **state)
     assert_non_null(strstr(out, "5 errors"));
     unlink(path);
     const char *badflag[] = {KVD_BIN, "--layers", "0", NULL};
-    assert_int_equal(run(badflag, out, sizeof out), 1);
+    assert_int_equal(itest_run(badflag, out, sizeof out), 1);
     assert_non_null(strstr(out, "layers"));
 }
 

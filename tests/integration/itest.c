@@ -220,3 +220,28 @@ void itest_assert_check(const itest_kvd_t *k)
     if (rc != 0 || !strstr(out, "leaks: 0"))
         fail_msg("kvctl check failed (rc %d):\n%s", rc, out);
 }
+
+int itest_run(const char *const *argv, char *out, size_t cap)
+{
+    int p[2];
+    if (pipe(p) != 0)
+        fail_msg("pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        close(p[0]);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(p[1]);
+    size_t len = 0;
+    ssize_t r;
+    while (len < cap - 1 && (r = read(p[0], out + len, cap - 1 - len)) > 0)
+        len += (size_t)r;
+    out[len] = '\0';
+    close(p[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}

@@ -34,6 +34,9 @@ int itest_kvctl(const itest_kvd_t *k, char *out, size_t cap, const char *const *
 /* Wait (polling) until stat `name` == want, up to timeout_ms. Returns elapsed ms or -1. */
 int64_t itest_wait_stat(const itest_kvd_t *k, const char *name, uint64_t want, int timeout_ms);
 int64_t itest_now_us(void);
+/* Run argv (argv[0] a path) with stdout and stderr into out[cap]; returns its exit status
+ * (128 when it did not exit normally). */
+int itest_run(const char *const *argv, char *out, size_t cap);
 /* kvctl check passes (exit 0 and "leaks: 0"). */
 void itest_assert_check(const itest_kvd_t *k);
 
