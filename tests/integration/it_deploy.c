@@ -40,47 +40,6 @@
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-static int free_port(void)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &l), 0);
-    close(s);
-    return ntohs(a.sin_port);
-}
-
-/* GET /metrics. kvd opens the metrics listener just after the fd socket that itest_kvd_start
- * waits for, so the first connects may be refused: retry for up to 30 s (loaded CI). */
-static size_t scrape(int port, char *out, size_t cap)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int s = -1;
-    for (int64_t t0 = itest_now_us();;) {
-        s = socket(AF_INET, SOCK_STREAM, 0);
-        assert_true(s >= 0);
-        if (connect(s, (struct sockaddr *)&a, sizeof a) == 0)
-            break;
-        close(s);
-        if (itest_now_us() - t0 > 30000000)
-            fail_msg("nothing listens on the metrics port %d", port);
-        struct timespec ts = {0, 5000000};
-        nanosleep(&ts, NULL);
-    }
-    const char *req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
-    assert_int_equal(write(s, req, strlen(req)), (ssize_t)strlen(req));
-    size_t len = 0;
-    ssize_t r;
-    while (len < cap - 1 && (r = read(s, out + len, cap - 1 - len)) > 0)
-        len += (size_t)r;
-    out[len] = '\0';
-    close(s);
-    return len;
-}
-
 /* Whole file into a malloc'd NUL-terminated buffer; aborts the test when unreadable. */
 static char *slurp(const char *path)
 {
@@ -295,14 +254,14 @@ static void test_rules_and_dashboards_use_exported_names(void **state)
         fail_msg("only %d label values found", labels.n);
 
     char port[16];
-    int p = free_port();
+    int p = itest_free_port();
     snprintf(port, sizeof port, "%d", p);
     const char *extra[] = {"--metrics_port", port, NULL};
     itest_kvd_t k;
     itest_kvd_start(&k, extra);
     static char out[1 << 20];
     out[0] = '\n'; /* so that the first line matches "\nNAME" too */
-    assert_true(scrape(p, out + 1, sizeof out - 1) > 1000);
+    assert_true(itest_scrape(p, out + 1, sizeof out - 1) > 1000);
     assert_non_null(strstr(out, "HTTP/1.1 200 OK"));
     assert_int_equal(itest_kvd_stop(&k), 0);
 

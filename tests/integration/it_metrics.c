@@ -14,39 +14,11 @@
 
 #include "itest.h"
 
-static int free_port(void)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &l), 0);
-    close(s);
-    return ntohs(a.sin_port);
-}
-
-static size_t scrape(int port, char *out, size_t cap)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    assert_int_equal(connect(s, (struct sockaddr *)&a, sizeof a), 0);
-    const char *req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
-    assert_int_equal(write(s, req, strlen(req)), (ssize_t)strlen(req));
-    size_t len = 0;
-    ssize_t r;
-    while (len < cap - 1 && (r = read(s, out + len, cap - 1 - len)) > 0)
-        len += (size_t)r;
-    out[len] = '\0';
-    close(s);
-    return len;
-}
-
 static void test_metrics_families(void **state)
 {
     (void)state;
     char port[16];
-    int p = free_port();
+    int p = itest_free_port();
     snprintf(port, sizeof port, "%d", p);
     const char *extra[] = {"--metrics_port", port, NULL};
     itest_kvd_t k;
@@ -56,7 +28,7 @@ static void test_metrics_families(void **state)
     assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 3, pages), KV_ERR_OK);
     assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 0, pages), KV_ERR_INVALID_ARGUMENT);
     static char out[1 << 20];
-    assert_true(scrape(p, out, sizeof out) > 1000);
+    assert_true(itest_scrape(p, out, sizeof out) > 1000);
     assert_non_null(strstr(out, "HTTP/1.1 200 OK"));
     assert_non_null(strstr(out, "\nkvd_alloc_pages 3\n"));
     assert_non_null(strstr(out, "# TYPE kvd_alloc_pages counter"));

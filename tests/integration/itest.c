@@ -10,7 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -244,4 +247,35 @@ int itest_run(const char *const *argv, char *out, size_t cap)
     int st;
     waitpid(pid, &st, 0);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+int itest_free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &l), 0);
+    close(s);
+    return ntohs(a.sin_port);
+}
+
+size_t itest_scrape(int port, char *out, size_t cap)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    /* no retry: kvd listens on the metrics port before its fd socket (the "ready" file
+     * itest_kvd_start waits for) appears, so a refused connect is a bug */
+    if (connect(s, (struct sockaddr *)&a, sizeof a) != 0)
+        fail_msg("metrics port %d refused the connection: %s", port, strerror(errno));
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    assert_int_equal(write(s, req, strlen(req)), (ssize_t)strlen(req));
+    size_t len = 0;
+    ssize_t r;
+    while (len < cap - 1 && (r = read(s, out + len, cap - 1 - len)) > 0)
+        len += (size_t)r;
+    out[len] = '\0';
+    close(s);
+    return len;
 }

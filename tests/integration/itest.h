@@ -37,6 +37,10 @@ int64_t itest_now_us(void);
 /* Run argv (argv[0] a path) with stdout and stderr into out[cap]; returns its exit status
  * (128 when it did not exit normally). */
 int itest_run(const char *const *argv, char *out, size_t cap);
+/* A loopback TCP port free at the time of the call. */
+int itest_free_port(void);
+/* GET /metrics from 127.0.0.1:port into out[cap] (headers included); returns the length. */
+size_t itest_scrape(int port, char *out, size_t cap);
 /* kvctl check passes (exit 0 and "leaks: 0"). */
 void itest_assert_check(const itest_kvd_t *k);
 
