@@ -134,7 +134,11 @@ int kvd_core_init(kvd_core_t **out, const kvd_core_opts_t *o, char *err, size_t 
     c->now_ns = o->now_ns;
     c->now_ud = o->now_ud;
     memcpy(c->key, o->hash_key, sizeof(c->key));
+    /* the lookup memo's SipHash key: derived from the salt, so secret like it */
+    crypto_generichash(c->memo_skey, sizeof(c->memo_skey), c->key, sizeof(c->key),
+                       (const unsigned char *)"kvd lookup memo", 15);
     kvd_map_init(&c->index);
+    kvd_map_init(&c->memo);
     kvd_map_init(&c->sessions);
     kvd_map_init(&c->seqs);
     rc = kvd__pages_init(c, o->pages, o->cache_quota_pages);
@@ -153,6 +157,9 @@ void kvd_core_free(kvd_core_t **cp)
         return;
     kvd_core_t *c = *cp;
     kvd__sessions_fini(c);
+    for (uint32_t l = 0; c->lp && l < c->nlogical; l++)
+        kvd__memo_drop(c, l);
+    kvd_map_fini(&c->memo);
     kvd_map_fini(&c->index);
     kvd__pages_fini(c);
     kvd_backend_free(&c->be);
@@ -375,6 +382,10 @@ int kvd_core_seal(kvd_core_t *c, uint64_t sid, uint32_t logical, uint32_t prev,
     } else {
         kvd_map_put(&c->index, kvd__index_key(h), logical);
         p->cached = 1;
+        uint8_t in[KVD_MEMO_MAX];
+        kvd__memo_set(c, logical, in,
+                      kvd__memo_input(prev == KVD_NONE ? NULL : c->lp[prev].hash, tokens, ntok,
+                                      extra, extra_len, in));
         c->pool[p->fmt].ncached++;
         c->st.cache_entries++;
         c->st.seals++;
@@ -403,14 +414,21 @@ int kvd_core_lookup(kvd_core_t *c, uint64_t sid, const uint32_t *tokens, uint32_
         return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "lookup: bad arguments (extra %zu bytes, "
                                                      "max %d)", extra_len, KVD_EXTRA_MAX);
     uint32_t pt = c->geom.page_tokens, full = ntok / pt, hits = 0;
-    uint8_t h[KVD_HASH_BYTES];
+    uint8_t h[KVD_HASH_BYTES], in[KVD_MEMO_MAX];
     const uint8_t *prev = NULL;
     for (uint32_t i = 0; i < full && hits < max; i++) {
-        int collision;
-        kvd_core_chain_hash(c, prev, tokens + (uint64_t)i * pt, pt, extra, extra_len, h);
-        uint32_t lid = kvd__index_find(c, h, &collision);
-        if (lid == KVD_NONE)
-            break;
+        const uint32_t *pg = tokens + (uint64_t)i * pt;
+        size_t n = kvd__memo_input(prev, pg, pt, extra, extra_len, in);
+        uint32_t lid = n ? kvd__memo_find(c, in, n) : KVD_NONE;
+        if (lid == KVD_NONE) { /* not memoized (restored, long page): hash and probe */
+            int collision;
+            kvd_core_chain_hash(c, prev, pg, pt, extra, extra_len, h);
+            lid = kvd__index_find(c, h, &collision);
+            if (lid == KVD_NONE)
+                break;
+            kvd__memo_set(c, lid, in, n);
+            c->st.lookup_pages_hashed++;
+        }
         logical_out[hits++] = lid;
         prev = c->lp[lid].hash;
     }
@@ -813,6 +831,21 @@ int kvd_core_check(const kvd_core_t *c, char *report, size_t len)
     if (nfree != c->nlfree)
         bad(&k, "logical free list has %u entries, counter says %u", nfree, c->nlfree);
     /* Physical lists, per format. */
+    /* The lookup memo: only cached pages, each under its own key. */
+    uint32_t memos = 0;
+    for (uint32_t l = 0; l < nl; l++) {
+        const kvd_lpage_t *p = &c->lp[l];
+        if (!p->memo)
+            continue;
+        memos++;
+        const uint64_t *v = kvd_map_get(&c->memo, p->memo_key);
+        if (!p->cached || !v || *v != l)
+            bad(&k, "logical %u has a lookup memo but is %s / not under its key", l,
+                p->cached ? "cached" : "not cached");
+    }
+    if (memos != c->memo.len)
+        bad(&k, "lookup memo map holds %llu entries, pages hold %u",
+            (unsigned long long)c->memo.len, memos);
     uint32_t cached_total = 0, pins_total = 0;
     for (int f = 0; f < KV_FMT_COUNT; f++) {
         const kvd_pool_t *pl = &c->pool[f];

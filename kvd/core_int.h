@@ -38,6 +38,9 @@ typedef struct kvd_lpage_s {
     uint64_t stamp; /* epoch stamp of the last drop by a live session (0 = none) */
     uint64_t last_use_ns;
     uint8_t hash[KVD_HASH_BYTES];
+    uint8_t *memo;     /* cached only: the inputs of `hash` (prefix.c "lookup memo") or NULL */
+    uint32_t memo_len;
+    uint64_t memo_key;
 } kvd_lpage_t;
 
 typedef struct kvd_ppage_s {
@@ -84,6 +87,8 @@ struct kvd_core_s {
     uint32_t nlogical, lfree_head, nlfree;
     kvd_pool_t pool[KV_FMT_COUNT];
     kvd_map_t index;
+    kvd_map_t memo; /* SipHash of a hash's inputs → logical id (prefix.c "lookup memo") */
+    uint8_t memo_skey[16];
     kvd_map_t sessions;
     kvd_map_t seqs;
     uint64_t next_sid, next_seq;
@@ -127,6 +132,18 @@ void kvd__epoch_publish(kvd_core_t *c);
 
 /* ---- prefix.c ---------------------------------------------------------------------------- */
 uint64_t kvd__index_key(const uint8_t hash[KVD_HASH_BYTES]);
+/* Lookup memo (prefix.c): the inputs of a page's chain hash (prev || tokens LE || extra) into
+ * in[KVD_MEMO_MAX]; 0 when they do not fit (such pages are never memoized). */
+#define KVD_MEMO_MAX (KVD_HASH_BYTES + 4 * 64 + KVD_EXTRA_MAX)
+size_t kvd__memo_input(const uint8_t *prev_hash, const uint32_t *tokens, uint32_t ntok,
+                       const uint8_t *extra, size_t extra_len, uint8_t *in);
+/* The cached page whose hash inputs are exactly in[0..len), or KVD_NONE. */
+uint32_t kvd__memo_find(const kvd_core_t *c, const uint8_t *in, size_t len);
+/* Remember the inputs of cached page lid (no-op if it has them, they are taken by another
+ * entry's key, or memory is short: the memo is only a shortcut). */
+void kvd__memo_set(kvd_core_t *c, uint32_t lid, const uint8_t *in, size_t len);
+/* Forget them (the entry is being unbound or the core freed). */
+void kvd__memo_drop(kvd_core_t *c, uint32_t lid);
 /* Logical id bound to hash (full compare) or KVD_NONE; *collision = 1 when the 64-bit key is
  * taken by a different hash. */
 uint32_t kvd__index_find(const kvd_core_t *c, const uint8_t hash[KVD_HASH_BYTES],

@@ -67,6 +67,83 @@ void kvd_core_chain_hash(const kvd_core_t *c, const uint8_t *prev_hash, const ui
     crypto_generichash_final(&st, hash_out, KVD_HASH_BYTES);
 }
 
+/* ---- lookup memo ---------------------------------------------------------------------------
+ * A lookup recomputes every page's chain hash from the client's tokens: for a 32K-token prompt
+ * 2048 BLAKE2b compressions, most of the core's time. For a bound entry the inputs of its hash
+ * are known, so the memo keeps them: key = SipHash-2-4 (libsodium crypto_shorthash, its key
+ * derived from the secret salt, so clients cannot aim collisions at the map) of
+ * prev || tokens || extra, value = the entry. A memo hit compares the stored inputs byte for
+ * byte, so it is exactly the index hit BLAKE2b would have given, never a guess; the hash stays
+ * the entry's identity (dedupe, events, snapshots). Entries are memoized when sealed; restored
+ * ones (a snapshot keeps hashes, not tokens) are learned by the first lookup that recomputes
+ * their hash. Pages longer than 64 tokens are never memoized and hash as before. */
+size_t kvd__memo_input(const uint8_t *prev_hash, const uint32_t *tokens, uint32_t ntok,
+                       const uint8_t *extra, size_t extra_len, uint8_t *in)
+{
+    if (ntok > 64 || extra_len > KVD_EXTRA_MAX)
+        return 0;
+    size_t n = KVD_HASH_BYTES;
+    if (prev_hash)
+        memcpy(in, prev_hash, KVD_HASH_BYTES);
+    else
+        memset(in, 0, KVD_HASH_BYTES);
+    for (uint32_t i = 0; i < ntok; i++, n += 4)
+        store_le32(in + n, tokens[i]);
+    if (extra_len)
+        memcpy(in + n, extra, extra_len);
+    return n + extra_len;
+}
+
+static uint64_t memo_key(const kvd_core_t *c, const uint8_t *in, size_t len)
+{
+    uint8_t k[crypto_shorthash_BYTES];
+    crypto_shorthash(k, in, len, c->memo_skey);
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)k[i] << (8 * i);
+    return v == KVD_MAP_EMPTY ? KVD_MAP_EMPTY - 1 : v;
+}
+
+uint32_t kvd__memo_find(const kvd_core_t *c, const uint8_t *in, size_t len)
+{
+    const uint64_t *v = kvd_map_get(&c->memo, memo_key(c, in, len));
+    if (!v)
+        return KVD_NONE;
+    const kvd_lpage_t *p = &c->lp[(uint32_t)*v];
+    KVD_ASSERT(p->cached && p->memo);
+    return p->memo_len == len && memcmp(p->memo, in, len) == 0 ? (uint32_t)*v : KVD_NONE;
+}
+
+void kvd__memo_set(kvd_core_t *c, uint32_t lid, const uint8_t *in, size_t len)
+{
+    kvd_lpage_t *p = &c->lp[lid];
+    KVD_ASSERT(p->cached);
+    if (p->memo || len == 0)
+        return;
+    uint64_t k = memo_key(c, in, len);
+    if (kvd_map_get(&c->memo, k) || kvd_map_reserve(&c->memo, 1) != 0)
+        return; /* a 64-bit key clash (that entry keeps it) or no memory: lookups hash */
+    p->memo = kvd_malloc(len);
+    if (!p->memo)
+        return;
+    memcpy(p->memo, in, len);
+    p->memo_len = (uint32_t)len;
+    p->memo_key = k;
+    kvd_map_put(&c->memo, k, lid);
+}
+
+void kvd__memo_drop(kvd_core_t *c, uint32_t lid)
+{
+    kvd_lpage_t *p = &c->lp[lid];
+    if (!p->memo)
+        return;
+    int removed = kvd_map_del(&c->memo, p->memo_key);
+    KVD_ASSERT(removed);
+    kvd_free(p->memo);
+    p->memo = NULL;
+    p->memo_len = 0;
+}
+
 uint64_t kvd__index_key(const uint8_t hash[KVD_HASH_BYTES])
 {
     uint64_t k = 0;
@@ -132,6 +209,7 @@ void kvd__cache_evict(kvd_core_t *c, uint32_t lid, kvd_evict_why_t why)
         KVD_PANIC("evicting pinned logical page %u", lid);
     int removed = kvd_map_del(&c->index, kvd__index_key(p->hash));
     KVD_ASSERT(removed);
+    kvd__memo_drop(c, lid);
     p->cached = 0;
     c->pool[p->fmt].ncached--;
     c->st.cache_entries--;

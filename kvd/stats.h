@@ -40,6 +40,8 @@
     XX(lookups, COUNTER, "prefix lookups")                                                         \
     XX(lookup_pages_asked, COUNTER, "full pages asked by lookups")                                 \
     XX(lookup_pages_hit, COUNTER, "pages returned by lookups")                                     \
+    XX(lookup_pages_hashed, COUNTER,                                                               \
+       "lookup hits found by recomputing the chain hash (not in the lookup memo)")                 \
     XX(lookup_tokens_asked, COUNTER, "tokens asked by lookups")                                    \
     XX(lookup_tokens_hit, COUNTER, "tokens covered by returned pages")                             \
     XX(cache_entries, GAUGE, "entries bound in the prefix index")                                  \

@@ -141,6 +141,62 @@ static void test_longest_prefix(void **state)
     kvd_core_free(&c);
 }
 
+/* The lookup memo (prefix.c): sealed entries are found without recomputing their hash; a
+ * restored entry (a snapshot keeps no tokens) is hashed once and then memoized; eviction
+ * forgets; results are exactly those of the hash walk. */
+static void test_lookup_memo(void **state)
+{
+    kvd_core_t *c = fx_core();
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t ids[3], out[8], np, nt, tok[3 * FX_PT];
+    seal_prompt(c, a, 1, 3, ids);
+    FX_OK(kvd_core_release(c, a, ids, 3));
+    fx_tokens(1, 3, tok);
+    FX_OK(kvd_core_lookup(c, a, tok, 3 * FX_PT, NULL, 0, out, 8, &np, &nt));
+    assert_int_equal(np, 3);
+    assert_memory_equal(out, ids, sizeof(ids));
+    assert_int_equal(fx_stats(c).lookup_pages_hashed, 0); /* all three from the memo */
+    FX_OK(kvd_core_release(c, a, out, np));
+    /* same prev and tokens, other extra: the memo compares every input byte */
+    uint8_t ex = 7;
+    FX_OK(kvd_core_lookup(c, a, tok, 3 * FX_PT, &ex, 1, out, 8, &np, &nt));
+    assert_int_equal(np, 0);
+
+    /* a restored copy of page 0 in a second core with the same salt: found by hashing once,
+     * memoized, then found from the memo */
+    kvd_core_opts_t o;
+    fx_opts(&o);
+    kvd_core_t *c2 = fx_core_opts(&o);
+    kvd_page_info_t pi;
+    FX_OK(kvd_core_page_info(c, ids[0], &pi));
+    size_t len = kvd_core_export(c)->page_bytes[KV_FMT_FP8];
+    uint8_t *bytes = malloc(len);
+    assert_non_null(bytes);
+    FX_OK(kvd_core_page_read(c, ids[0], bytes, len));
+    uint32_t r;
+    FX_OK(kvd_core_cache_restore(c2, pi.hash, KV_FMT_FP8, bytes, len, &r));
+    free(bytes);
+    uint64_t b;
+    FX_OK(kvd_core_session_open(c2, 2, 0, &b));
+    for (int round = 0; round < 2; round++) {
+        FX_OK(kvd_core_lookup(c2, b, tok, 3 * FX_PT, NULL, 0, out, 8, &np, &nt));
+        assert_int_equal(np, 1);
+        assert_int_equal(out[0], r);
+        assert_int_equal(fx_stats(c2).lookup_pages_hashed, 1); /* hashed in round 0 only */
+        FX_OK(kvd_core_release(c2, b, out, np));
+    }
+    FX_CHECK(c2);
+    /* evicted: the memo forgets it and the lookup misses */
+    FX_OK(kvd_core_cache_evict(c2, r));
+    FX_OK(kvd_core_lookup(c2, b, tok, 3 * FX_PT, NULL, 0, out, 8, &np, &nt));
+    assert_int_equal(np, 0);
+    FX_CHECK(c2);
+    kvd_core_free(&c2);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
 static void test_seal_dedupe(void **state)
 {
     kvd_core_t *c = fx_core();
@@ -349,6 +405,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_hash),
         cmocka_unit_test(test_longest_prefix),
+        cmocka_unit_test(test_lookup_memo),
         cmocka_unit_test(test_seal_dedupe),
         cmocka_unit_test(test_eviction_order),
         cmocka_unit_test(test_quota_pin_admin),
