@@ -266,6 +266,22 @@ static void seal_prompt(kvc_t *c, const uint32_t *tok, uint32_t npages)
     free(held);
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvbench rpc [--endpoint EP] [--kvd PATH] [--iters N] [--prompt-tokens T]\n"
+            "\n"
+            "Control-plane benchmark of kvd; prints one JSON object on stdout: raw ZeroMQ\n"
+            "ping-pong, alloc and lookup round trips (p50/p99 and the ratio to raw), pipelined\n"
+            "ops/s, lookup+acquire of a cached long prompt, reclaim after kill -9, and the goals.\n"
+            "\n"
+            "  --endpoint EP        use a running daemon (ipc://PATH) instead of starting one\n"
+            "  --kvd PATH           kvd binary to start on a temporary endpoint (default: the\n"
+            "                       build's)\n"
+            "  --iters N            round trips per figure (default 5000, at least 100)\n"
+            "  --prompt-tokens T    long-prompt length for lookup+acquire (default 32768)\n");
+}
+
 static int bench_rpc(int argc, char **argv)
 {
     const char *ep_arg = NULL, *kvd = KVD_BIN;
@@ -281,13 +297,19 @@ static int bench_rpc(int argc, char **argv)
         else if (!strcmp(argv[i], "--prompt-tokens") && i + 1 < argc)
             prompt = (uint32_t)strtoul(argv[++i], NULL, 10);
         else {
-            fprintf(stderr, "usage: kvbench rpc [--endpoint EP] [--kvd PATH] [--iters N] "
-                            "[--prompt-tokens T]\n");
+            fprintf(stderr, "kvbench: unknown or incomplete argument '%s'\n", argv[i]);
+            usage(stderr);
             return 2;
         }
     }
     if (iters < 100)
         iters = 100;
+    struct stat sock_st; /* ZeroMQ would wait for a missing daemon: say so at once (as kvctl) */
+    if (ep_arg && !strncmp(ep_arg, "ipc://", 6) && stat(ep_arg + 6, &sock_st) != 0) {
+        fprintf(stderr, "kvbench: no daemon at %s: no socket file %s (is kvd running?)\n",
+                ep_arg, ep_arg + 6);
+        return 1;
+    }
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kvbench-XXXXXX");
     if (!mkdtemp(tmpdir))
         die("mkdtemp", NULL);
@@ -436,9 +458,18 @@ static int bench_rpc(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && !strcmp(argv[1], "rpc"))
+    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        usage(stdout);
+        return 0;
+    }
+    if (argc >= 2 && !strcmp(argv[1], "rpc")) {
+        for (int i = 2; i < argc; i++)
+            if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+                usage(stdout);
+                return 0;
+            }
         return bench_rpc(argc - 2, argv + 2);
-    fprintf(stderr, "usage: kvbench rpc [--endpoint EP] [--kvd PATH] [--iters N] "
-                    "[--prompt-tokens T]\n");
+    }
+    usage(stderr);
     return 2;
 }
