@@ -43,7 +43,20 @@ static kvd_core_t *core(uint32_t pages, const uint8_t salt[32])
 
 int main(int argc, char **argv)
 {
-    uint32_t n = argc > 1 ? (uint32_t)strtoul(argv[1], NULL, 10) : 3000;
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf("usage: snapbench [PAGES [DIR]]\n"
+               "Snapshot write and load rates of kvd/snapshot.c on a host-backend core of the\n"
+               "default geometry; one JSON line on stdout. PAGES default 3000 (135 KB each);\n"
+               "DIR default a fresh /tmp directory, removed after.\n");
+        return 0;
+    }
+    char *end = NULL;
+    unsigned long pages = argc > 1 ? strtoul(argv[1], &end, 10) : 3000;
+    if (argc > 1 && (*end != '\0' || pages == 0 || pages > 1000000)) {
+        fprintf(stderr, "snapbench: PAGES must be a number in 1..1000000, not '%s'\n", argv[1]);
+        return 2;
+    }
+    uint32_t n = (uint32_t)pages;
     char dir[512] = "/tmp/kvd-snapbench-XXXXXX";
     int own = argc <= 2;
     if (own && !mkdtemp(dir))
