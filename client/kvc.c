@@ -14,6 +14,18 @@
  * checks our SO_PEERCRED pid against the session it just created and sends one message:
  * 16 bytes ("KVDFDS01" + session id, little endian) with SCM_RIGHTS carrying the fds in
  * PoolDesc.fd_index order. We map and close them at once.
+ *
+ * Daemon restarts (docs/protocol.md "Daemon restarts"): every reply carries the daemon's
+ * random instance id. A reply whose instance differs from the one hello saw (or, from a daemon
+ * too old to send it, NO_SESSION while we hold a session) means the daemon restarted: our
+ * session, page ids, sequences and references died with the old one, and our mappings show
+ * pools nobody serves any more. kvc_reply_status() turns that into NO_SESSION with a message
+ * naming both instances, on every call until the caller runs kvc_rehello() — never a hidden
+ * retry, because the engine must rebuild its block tables and has to know. The DEALER itself
+ * reconnects on its own (ZMQ_RECONNECT_IVL below); requests written while the daemon is down
+ * wait in the pipe and reach the new daemon, which answers NO_SESSION; a request the old
+ * daemon took and never answered ends in TIMEOUT. Replies to requests sent before the last
+ * hello (`id_floor`) are dropped on arrival instead of stashed forever.
  */
 #include "kvc.h"
 
@@ -61,6 +73,12 @@ struct kvc_s {
     kvc_cuda_t *cuda;
     char backend[16];
     char events_endpoint[256]; /* HelloRep.events_endpoint ("" = events off) */
+    /* what kvc_rehello() repeats */
+    char hello_ns[KVP_MAX_STRING + 1], hello_name[KVP_MAX_STRING + 1];
+    int hello_map, helloed;
+    int restarted;         /* a reply said the daemon restarted since our hello */
+    uint64_t new_instance; /* its instance (0: a daemon too old to say) */
+    uint64_t id_floor;     /* ids below were sent before the last hello */
 };
 
 static kv_err_t kvc_fail(kvc_t *c, kv_err_t e, const char *fmt, ...)
@@ -97,6 +115,13 @@ kv_err_t kvc_connect(kvc_t **out, const char *endpoint, int timeout_ms)
     zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(c->sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(c->sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    /* Reconnect to a restarted daemon (the same ipc path bound again) every 100 ms, without
+     * exponential backoff: the libzmq defaults, set explicitly because kvc_rehello() relies on
+     * them. A local ipc connect attempt costs microseconds; a longer interval would only delay
+     * the engine's recovery. */
+    int ivl = 100, ivl_max = 0;
+    zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
+    zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
     char mon[64];
     snprintf(mon, sizeof mon, "inproc://kvc-mon-%p", (void *)c);
     if (zmq_socket_monitor(c->sock, mon, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
@@ -285,8 +310,31 @@ static kv_err_t kvc_recv_one(kvc_t *c, int64_t deadline, Kvd__Reply **rep)
     }
 }
 
+/* A reply from another daemon instance than the one our hello reached (see the top). */
+static int kvc_is_restart(const kvc_t *c, const Kvd__Reply *r)
+{
+    if (!c->instance)
+        return 0; /* no hello yet (or one in progress): nothing to compare with */
+    if (r->instance)
+        return r->instance != c->instance;
+    /* a daemon without Reply.instance: NO_SESSION while we hold a session */
+    return c->session && r->status == KVD__STATUS__NO_SESSION;
+}
+
 static kv_err_t kvc_reply_status(kvc_t *c, Kvd__Reply *r)
 {
+    if (kvc_is_restart(c, r)) {
+        c->restarted = 1;
+        if (r->instance)
+            c->new_instance = r->instance;
+        char now[24] = "unknown";
+        if (c->new_instance)
+            snprintf(now, sizeof now, "%016llx", (unsigned long long)c->new_instance);
+        return kvc_fail(c, KV_ERR_NO_SESSION,
+                        "NO_SESSION: daemon restarted (instance %016llx → %s): call kvc_rehello; "
+                        "page ids from before are invalid",
+                        (unsigned long long)c->instance, now);
+    }
     if (r->epoch > c->epoch)
         c->epoch = r->epoch;
     kv_err_t e = kv_err_valid((int)r->status) ? (kv_err_t)r->status : KV_ERR_INTERNAL;
@@ -319,6 +367,10 @@ kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
         if (r->id == id) {
             *rep = r;
             return kvc_reply_status(c, r);
+        }
+        if (r->id < c->id_floor) { /* sent before the last hello: nobody will ask for it */
+            kvd__reply__free_unpacked(r, NULL);
+            continue;
         }
         kvc_stash_t *s = malloc(sizeof *s);
         if (!s) {
@@ -481,14 +533,50 @@ static kv_err_t kvc_map(kvc_t *c, const Kvd__HelloRep *h)
     return e;
 }
 
+/* Forget everything the previous hello gave us: mappings, session, epochs, waiting replies.
+ * The pools of a restarted daemon are new objects; the old mappings only keep dead memory
+ * alive (host) or point at freed device memory (cuda). */
+static void kvc_session_reset(kvc_t *c)
+{
+    kvc_unmap(c);
+    while (c->stash) {
+        kvc_stash_t *s = c->stash;
+        c->stash = s->next;
+        kvd__reply__free_unpacked(s->rep, NULL);
+        free(s);
+    }
+    memset(c->pool_map_bytes, 0, sizeof c->pool_map_bytes);
+    memset(c->page_bytes, 0, sizeof c->page_bytes);
+    memset(c->pool_pages, 0, sizeof c->pool_pages);
+    c->dir_map_bytes = 0;
+    c->dir_entries = 0;
+    c->session = c->epoch = c->instance = c->new_instance = 0;
+    c->restarted = 0;
+    c->safe_epoch = 0; /* an engine in manual mode declares again (epochs restart too) */
+    c->pid_seen = 0;
+    c->backend[0] = '\0';
+    c->events_endpoint[0] = '\0';
+    c->id_floor = c->next_id;
+}
+
 kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, int map)
 {
+    /* copy first: kvc_rehello passes our own buffers */
+    char ns[sizeof c->hello_ns], name[sizeof c->hello_name];
+    snprintf(ns, sizeof ns, "%s", namespace_ ? namespace_ : "");
+    snprintf(name, sizeof name, "%s", client_name ? client_name : "");
+    memcpy(c->hello_ns, ns, sizeof ns);
+    memcpy(c->hello_name, name, sizeof name);
+    c->hello_map = map;
+    c->helloed = 1;
+    if (c->session || c->instance || c->dir || c->cuda)
+        kvc_session_reset(c);
     Kvd__Request req = KVD__REQUEST__INIT;
     Kvd__HelloReq h = KVD__HELLO_REQ__INIT;
     req.body_case = KVD__REQUEST__BODY_HELLO;
     req.hello = &h;
-    h.namespace_ = (char *)(namespace_ ? namespace_ : "");
-    h.client_name = (char *)(client_name ? client_name : "");
+    h.namespace_ = ns;
+    h.client_name = name;
     h.pid = (uint32_t)getpid();
     Kvd__Reply *rep;
     kv_err_t e = kvc_call(c, &req, &rep);
@@ -516,6 +604,18 @@ kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, in
         e = kvc_map(c, hr);
     kvc_reply_free(&rep);
     return e;
+}
+
+kv_err_t kvc_rehello(kvc_t *c)
+{
+    if (!c->helloed)
+        return kvc_fail(c, KV_ERR_FAILED_PRECONDITION, "kvc_rehello before any kvc_hello");
+    return kvc_hello(c, c->hello_ns, c->hello_name, c->hello_map);
+}
+
+int kvc_daemon_restarted(const kvc_t *c)
+{
+    return c->restarted;
 }
 
 uint64_t kvc_session_id(const kvc_t *c)

@@ -25,6 +25,12 @@
  * kvc_close(). Closing the connection does NOT free the session's pages: the daemon reclaims
  * them when this process exits (DESIGN.md, "Ownership").
  *
+ * Daemon restarts: the connection survives a restart of the daemon on the same endpoint
+ * (ZeroMQ reconnects every 100 ms). The first reply from the new daemon instance makes every
+ * call return KV_ERR_NO_SESSION with "daemon restarted (instance X → Y): call kvc_rehello; page
+ * ids from before are invalid", and kvc_daemon_restarted() 1, until the caller runs
+ * kvc_rehello(). There is no hidden retry: the engine must drop its block tables first.
+ *
  * Thread rule: one kvc_t per thread (ZeroMQ sockets are not thread-safe).
  */
 #ifndef KVC_H
@@ -48,8 +54,21 @@ void kvc_close(kvc_t **c);
 const char *kvc_errmsg(const kvc_t *c);
 
 /* Hello: open a session, receive the fds over the side socket and map them. namespace_ NULL:
- * the daemon's namespace. map = 0 skips the fd handover (kvctl never maps). */
+ * the daemon's namespace. map = 0 skips the fd handover (kvctl never maps). A second hello on
+ * the same kvc_t first drops everything the previous one gave (as kvc_rehello does). */
 kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, int map);
+/* After a daemon restart (kvc_daemon_restarted() == 1, calls fail with NO_SESSION): unmap and
+ * close the old pools and directory, drop replies still waiting from before, hello again with
+ * the namespace, client name and map flag of the last kvc_hello, and map the new pools. After
+ * it kvc_instance() is the new daemon's and the pool / directory addresses are new (kernels
+ * must take them again). Page ids, sequences, references and the safe epoch from before are
+ * gone — the old daemon's sessions died with it; cached content is still found by lookup when
+ * the daemon reloaded a snapshot (docs/snapshot.md). Also the remedy when a connection was
+ * re-established to the same daemon (docs/protocol.md "Daemon restarts"). FAILED_PRECONDITION
+ * before any kvc_hello; on failure the client has no session and may call it again. */
+kv_err_t kvc_rehello(kvc_t *c);
+/* 1 when a reply showed that the daemon restarted since the last hello. */
+int kvc_daemon_restarted(const kvc_t *c);
 uint64_t kvc_session_id(const kvc_t *c);
 uint32_t kvc_pid_seen(const kvc_t *c); /* the pid the daemon saw for us */
 uint64_t kvc_epoch(const kvc_t *c);    /* latest daemon epoch seen */

@@ -1066,8 +1066,12 @@ static void kvd_handle_message(kvd_server_t *s)
             c.sess->last_ns = t0;
         if (kvp_op_needs_session(op) && !c.sess) {
             e = KV_ERR_NO_SESSION;
-            snprintf(c.msg, sizeof c.msg, "%s needs a session: send hello first",
-                     kvp_op_name(op));
+            /* A client of a previous instance lands here after a restart: the message says
+             * what to do, and Reply.instance tells it that the daemon is a new one. */
+            snprintf(c.msg, sizeof c.msg,
+                     "%s needs a session: this connection has none (send hello; a client of a "
+                     "restarted daemon must hello again, daemon instance %016" PRIx64 ")",
+                     kvp_op_name(op), s->instance);
         } else {
             if (c.sess && req->completed_epoch &&
                 kvd_core_session_report_epoch(s->core, c.sess->sid, req->completed_epoch) != 0)
@@ -1086,6 +1090,7 @@ static void kvd_handle_message(kvd_server_t *s)
     rep.id = id;
     rep.status = kvp_status(e);
     rep.epoch = kvd_core_epoch(s->core);
+    rep.instance = s->instance; /* lets a client see a restart on any call, admin ones too */
     if (kvd_send_reply(s, fr, nf - 1 > 0 ? nf - 1 : 1, &rep) != 0)
         KVD_LOGD("reply to request %" PRIu64 " not sent: %s", id, zmq_strerror(errno));
     kvd_metrics_observe(&s->metrics, op, kvd_now_ns() - t0, e);
@@ -1577,7 +1582,8 @@ void kvd_server_free(kvd_server_t **ps)
         return;
     kvd_server_t *s = *ps;
     /* Sessions still attached at shutdown: their processes live on, but this daemon's pools
-     * die with it; they will see UNAVAILABLE and a new instance on reconnect. */
+     * die with it; their DEALERs reconnect to the next instance, whose replies carry a new
+     * Reply.instance (libkvc: NO_SESSION "daemon restarted", then kvc_rehello). */
     while (s->sessions) {
         kvd_sess_t *x = s->sessions;
         s->sessions = x->next;

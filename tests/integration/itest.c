@@ -34,13 +34,10 @@ static void itest_sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-void itest_kvd_start(itest_kvd_t *k, const char *const *extra)
+/* Start kvd on k->endpoint and wait until it is ready. append: keep the log of an earlier
+ * daemon on the same directory (restarts). */
+static void itest_kvd_spawn(itest_kvd_t *k, const char *const *extra, int append)
 {
-    memset(k, 0, sizeof *k);
-    snprintf(k->dir, sizeof k->dir, "/tmp/kvd-it-XXXXXX");
-    assert_non_null(mkdtemp(k->dir));
-    snprintf(k->endpoint, sizeof k->endpoint, "ipc://%s/run/kvd.sock", k->dir);
-    snprintf(k->log, sizeof k->log, "%s/kvd.log", k->dir);
     char fds[400];
     snprintf(fds, sizeof fds, "%s/run/kvd.sock.fds", k->dir);
     const char *argv[64];
@@ -62,7 +59,7 @@ void itest_kvd_start(itest_kvd_t *k, const char *const *extra)
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() == 1)
             _exit(126);
-        int fd = open(k->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int fd = open(k->log, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0600);
         if (fd >= 0) {
             dup2(fd, 1);
             dup2(fd, 2);
@@ -91,10 +88,19 @@ void itest_kvd_start(itest_kvd_t *k, const char *const *extra)
     fail_msg("kvd did not become ready within 30 s");
 }
 
-int itest_kvd_stop(itest_kvd_t *k)
+void itest_kvd_start(itest_kvd_t *k, const char *const *extra)
 {
-    if (k->pid <= 0)
-        return -1;
+    memset(k, 0, sizeof *k);
+    snprintf(k->dir, sizeof k->dir, "/tmp/kvd-it-XXXXXX");
+    assert_non_null(mkdtemp(k->dir));
+    snprintf(k->endpoint, sizeof k->endpoint, "ipc://%s/run/kvd.sock", k->dir);
+    snprintf(k->log, sizeof k->log, "%s/kvd.log", k->dir);
+    itest_kvd_spawn(k, extra, 0);
+}
+
+/* SIGTERM and wait (SIGKILL after 30 s); the exit code, 128 + signal when killed. */
+static int itest_kvd_term(itest_kvd_t *k)
+{
     kill(k->pid, SIGTERM);
     int status = 0;
     for (int64_t t0 = itest_now_us(); itest_now_us() - t0 < 30000000;) {
@@ -106,7 +112,29 @@ int itest_kvd_stop(itest_kvd_t *k)
     waitpid(k->pid, &status, 0);
 done:
     k->pid = 0;
-    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int itest_kvd_restart(itest_kvd_t *k, const char *const *extra)
+{
+    if (k->pid <= 0)
+        return -1;
+    int rc = itest_kvd_term(k);
+    if (rc != 0) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "cat %s >&2", k->log);
+        if (system(cmd)) {
+        }
+    }
+    itest_kvd_spawn(k, extra, 1);
+    return rc;
+}
+
+int itest_kvd_stop(itest_kvd_t *k)
+{
+    if (k->pid <= 0)
+        return -1;
+    int rc = itest_kvd_term(k);
     if (rc != 0) {
         char cmd[400];
         snprintf(cmd, sizeof cmd, "cat %s >&2", k->log);

@@ -25,6 +25,11 @@ typedef struct itest_kvd_s {
 void itest_kvd_start(itest_kvd_t *k, const char *const *extra);
 /* SIGTERM, wait; returns the exit status (0 = clean). Removes the temp dir. */
 int itest_kvd_stop(itest_kvd_t *k);
+/* SIGTERM, wait, then start a new kvd on the SAME endpoint and directory with `extra` (as
+ * itest_kvd_start; its log is appended to the old one). Returns the old daemon's exit status;
+ * aborts the test when the new one does not start. Clients connected to the old daemon stay
+ * connected: their DEALER reconnects to the new one (the daemon-restart tests). */
+int itest_kvd_restart(itest_kvd_t *k, const char *const *extra);
 /* Connect + hello (map = 1) with a generous timeout; aborts on failure. */
 kvc_t *itest_connect(const itest_kvd_t *k, const char *name);
 /* Value of a status stat by name ("request_refs", "pages_open.fp8"); aborts when missing. */

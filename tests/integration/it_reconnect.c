@@ -1,0 +1,219 @@
+/* it_reconnect.c — a client survives a restart of its daemon (DESIGN.md "Prefix cache",
+ * docs/protocol.md "Daemon restarts").
+ *
+ * One kvc_t in this process lives across the restart: it seals NPAGES pages of known tokens
+ * with known bytes written through its mapping (holding their references, as an engine in the
+ * middle of a request does), `kvctl snapshot`, SIGTERM, a new kvd on the SAME endpoint and
+ * snapshot directory. The same kvc_t: the next call fails with NO_SESSION and the message
+ * "daemon restarted (instance X → Y): call kvc_rehello; ..." (an admin call too, which the new
+ * daemon itself would answer OK: the instance in the reply gives it away); kvc_rehello()
+ * succeeds; kvc_instance() changed; a lookup of the same tokens hits all NPAGES pages and the
+ * bytes read through the NEW mapping are the ones written before; `kvctl check` is clean.
+ * Without a snapshot the same sequence works and the lookup misses (0 pages). kvc_rehello
+ * before any hello is FAILED_PRECONDITION.
+ */
+#include <inttypes.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "itest.h"
+
+#define NPAGES 4u
+#define PT     16u /* itest's page_tokens */
+
+static void tokens(uint32_t *t)
+{
+    for (uint32_t i = 0; i < NPAGES * PT; i++)
+        t[i] = 5000u + i * 13u;
+}
+
+static uint8_t byte_at(uint32_t page, uint64_t i)
+{
+    return (uint8_t)(page * 37u + i * 7u + (i >> 8));
+}
+
+static void must_contain(const char *s, const char *what)
+{
+    if (!strstr(s, what))
+        fail_msg("\"%s\" lacks \"%s\"", s, what);
+}
+
+/* Seal the prompt through c's mapping; the references stay held (the engine is mid-request). */
+static void seal_prompt(kvc_t *c, uint32_t *pages)
+{
+    uint32_t tok[NPAGES * PT];
+    tokens(tok);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, NPAGES, pages), KV_ERR_OK);
+    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    uint32_t prev = KVP_NO_PAGE;
+    for (uint32_t i = 0; i < NPAGES; i++) {
+        uint8_t *p = kvc_page_ptr(c, pages[i]);
+        assert_non_null(p);
+        for (uint64_t b = 0; b < pb; b++)
+            p[b] = byte_at(i, b);
+        uint32_t out;
+        assert_int_equal(kvc_seal(c, pages[i], prev, tok + i * PT, PT, NULL, 0, &out), KV_ERR_OK);
+        assert_int_equal(out, pages[i]);
+        prev = pages[i];
+    }
+}
+
+/* The first calls after the restart: NO_SESSION naming both instances, for a session call and
+ * for an admin call alike; nothing is retried behind the caller's back. */
+static void expect_restart_error(kvc_t *c, uint64_t old_inst)
+{
+    uint32_t pg[1];
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, pg), KV_ERR_NO_SESSION);
+    const char *m = kvc_errmsg(c);
+    print_message("after the restart: %s\n", m);
+    must_contain(m, "daemon restarted (instance ");
+    must_contain(m, "call kvc_rehello; page ids from before are invalid");
+    char hex[24];
+    snprintf(hex, sizeof hex, "%016" PRIx64 " → ", old_inst);
+    must_contain(m, hex);
+    assert_int_equal(kvc_daemon_restarted(c), 1);
+
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
+    req.body_case = KVD__REQUEST__BODY_STATUS;
+    req.status = &st;
+    Kvd__Reply *rep = NULL;
+    assert_int_equal(kvc_call(c, &req, &rep), KV_ERR_NO_SESSION);
+    kvc_reply_free(&rep);
+    must_contain(kvc_errmsg(c), "daemon restarted");
+    /* the old instance's session is still what kvc_instance() reports until kvc_rehello */
+    assert_int_equal(kvc_instance(c), old_inst);
+}
+
+/* Lookup of the prompt through c; checks every hit's bytes through c's current mapping and
+ * releases the hits. Returns the number of pages hit. */
+static size_t lookup_prompt(kvc_t *c)
+{
+    uint32_t tok[NPAGES * PT], pages[NPAGES], matched = 0;
+    tokens(tok);
+    size_t np = 0;
+    assert_int_equal(kvc_lookup(c, tok, NPAGES * PT, NULL, 0, 0, pages, NPAGES, &np, &matched),
+                     KV_ERR_OK);
+    assert_int_equal(matched, np * PT);
+    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    assert_true(pb > 0);
+    for (size_t i = 0; i < np; i++) {
+        const uint8_t *p = kvc_page_ptr(c, pages[i]);
+        assert_non_null(p);
+        for (uint64_t b = 0; b < pb; b++)
+            if (p[b] != byte_at((uint32_t)i, b))
+                fail_msg("page %zu (logical %u) byte %llu: %u, written %u", i, pages[i],
+                         (unsigned long long)b, p[b], byte_at((uint32_t)i, b));
+    }
+    if (np)
+        assert_int_equal(kvc_release(c, pages, np), KV_ERR_OK);
+    return np;
+}
+
+static void test_reconnect_with_snapshot(void **state)
+{
+    (void)state;
+    char sdir[64];
+    snprintf(sdir, sizeof sdir, "/tmp/kvd-it-reco-XXXXXX");
+    assert_non_null(mkdtemp(sdir));
+    const char *extra[] = {"--snapshot_dir", sdir, "--lifecycle_ms", "0", NULL};
+    itest_kvd_t k;
+    itest_kvd_start(&k, extra);
+
+    kvc_t *c = itest_connect(&k, "engine");
+    uint64_t inst0 = kvc_instance(c);
+    assert_true(inst0 != 0);
+    uint32_t pages[NPAGES];
+    seal_prompt(c, pages);
+    char out[4096];
+    const char *snap[] = {"snapshot", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, snap), 0);
+    must_contain(out, "4 pages");
+
+    assert_int_equal(itest_kvd_restart(&k, extra), 0);
+    expect_restart_error(c, inst0);
+
+    assert_int_equal(kvc_rehello(c), KV_ERR_OK);
+    assert_int_equal(kvc_daemon_restarted(c), 0);
+    assert_true(kvc_instance(c) != 0);
+    assert_true(kvc_instance(c) != inst0);
+    assert_true(kvc_session_id(c) != 0);
+    assert_int_equal(lookup_prompt(c), NPAGES);
+    /* the new session works as any other: a fresh page through the new mapping */
+    uint32_t pg[2];
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 2, pg), KV_ERR_OK);
+    assert_non_null(kvc_page_ptr(c, pg[1]));
+    assert_int_equal(kvc_release(c, pg, 2), KV_ERR_OK);
+    itest_assert_check(&k);
+
+    kvc_close(&c);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", sdir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_reconnect_without_snapshot(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = itest_connect(&k, "engine");
+    uint64_t inst0 = kvc_instance(c);
+    uint32_t pages[NPAGES];
+    seal_prompt(c, pages);
+    uint64_t seq = 0;
+    assert_int_equal(kvc_seq_open(c, "before", &seq), KV_ERR_OK);
+
+    assert_int_equal(itest_kvd_restart(&k, NULL), 0);
+    expect_restart_error(c, inst0);
+    /* still refused, still explained, until the caller acts */
+    assert_int_equal(kvc_seq_close(c, seq), KV_ERR_NO_SESSION);
+    must_contain(kvc_errmsg(c), "call kvc_rehello");
+
+    assert_int_equal(kvc_rehello(c), KV_ERR_OK);
+    assert_true(kvc_instance(c) != inst0);
+    assert_int_equal(lookup_prompt(c), 0); /* the cache died with the old daemon */
+    /* the old sequence id means nothing to the new daemon */
+    assert_int_equal(kvc_seq_close(c, seq), KV_ERR_NOT_FOUND);
+    uint32_t pg[3];
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 3, pg), KV_ERR_OK);
+    uint8_t *p = kvc_page_ptr(c, pg[2]);
+    assert_non_null(p);
+    p[0] = 0x5a;
+    assert_int_equal(kvc_release(c, pg, 3), KV_ERR_OK);
+    itest_assert_check(&k);
+    kvc_close(&c);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+static void test_rehello_needs_hello(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = NULL;
+    assert_int_equal(kvc_connect(&c, k.endpoint, 30000), KV_ERR_OK);
+    assert_int_equal(kvc_rehello(c), KV_ERR_FAILED_PRECONDITION);
+    must_contain(kvc_errmsg(c), "before any kvc_hello");
+    assert_int_equal(kvc_daemon_restarted(c), 0);
+    kvc_close(&c);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reconnect_with_snapshot),
+        cmocka_unit_test(test_reconnect_without_snapshot),
+        cmocka_unit_test(test_rehello_needs_hello),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
