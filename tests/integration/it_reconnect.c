@@ -9,8 +9,10 @@
  * daemon itself would answer OK: the instance in the reply gives it away); kvc_rehello()
  * succeeds; kvc_instance() changed; a lookup of the same tokens hits all NPAGES pages and the
  * bytes read through the NEW mapping are the ones written before; `kvctl check` is clean.
- * Without a snapshot the same sequence works and the lookup misses (0 pages). kvc_rehello
- * before any hello is FAILED_PRECONDITION.
+ * Without a snapshot the same sequence works and the lookup misses (0 pages). A request sent
+ * while no daemon listens waits in the DEALER's queue and gets the new daemon's answer (the
+ * restart error), within the call's timeout. kvc_rehello before any hello is
+ * FAILED_PRECONDITION.
  */
 #include <inttypes.h>
 #include <setjmp.h>
@@ -194,6 +196,36 @@ static void test_reconnect_without_snapshot(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* Sent while the daemon is down: queued by the DEALER, answered by the next daemon. */
+static void test_request_while_down(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = itest_connect(&k, "engine");
+    uint64_t inst0 = kvc_instance(c);
+    assert_int_equal(itest_kvd_down(&k), 0);
+    uint64_t id = 0;
+    assert_int_equal(kvc_alloc_send(c, KV_FMT_FP8, 1, &id), KV_ERR_OK);
+    itest_kvd_up(&k, NULL);
+    uint32_t pg[1];
+    int64_t t0 = itest_now_us();
+    assert_int_equal(kvc_alloc_recv(c, id, 1, pg), KV_ERR_NO_SESSION);
+    must_contain(kvc_errmsg(c), "daemon restarted");
+    /* far below the 30 s call timeout: the reconnect interval is 100 ms */
+    int64_t ms = (itest_now_us() - t0) / 1000;
+    print_message("queued request answered %lld ms after the new daemon was ready\n",
+                  (long long)ms);
+    assert_true(ms < 10000);
+    assert_int_equal(kvc_rehello(c), KV_ERR_OK);
+    assert_true(kvc_instance(c) != inst0);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, pg), KV_ERR_OK);
+    assert_int_equal(kvc_release(c, pg, 1), KV_ERR_OK);
+    itest_assert_check(&k);
+    kvc_close(&c);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 static void test_rehello_needs_hello(void **state)
 {
     (void)state;
@@ -213,6 +245,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reconnect_with_snapshot),
         cmocka_unit_test(test_reconnect_without_snapshot),
+        cmocka_unit_test(test_request_while_down),
         cmocka_unit_test(test_rehello_needs_hello),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -115,7 +115,7 @@ done:
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-int itest_kvd_restart(itest_kvd_t *k, const char *const *extra)
+int itest_kvd_down(itest_kvd_t *k)
 {
     if (k->pid <= 0)
         return -1;
@@ -126,7 +126,20 @@ int itest_kvd_restart(itest_kvd_t *k, const char *const *extra)
         if (system(cmd)) {
         }
     }
+    return rc;
+}
+
+void itest_kvd_up(itest_kvd_t *k, const char *const *extra)
+{
+    assert_true(k->pid == 0 && k->dir[0]);
     itest_kvd_spawn(k, extra, 1);
+}
+
+int itest_kvd_restart(itest_kvd_t *k, const char *const *extra)
+{
+    int rc = itest_kvd_down(k);
+    if (rc != -1)
+        itest_kvd_up(k, extra);
     return rc;
 }
 

@@ -30,6 +30,9 @@ int itest_kvd_stop(itest_kvd_t *k);
  * aborts the test when the new one does not start. Clients connected to the old daemon stay
  * connected: their DEALER reconnects to the new one (the daemon-restart tests). */
 int itest_kvd_restart(itest_kvd_t *k, const char *const *extra);
+/* The two halves of itest_kvd_restart, for tests that act while no daemon listens. */
+int itest_kvd_down(itest_kvd_t *k);
+void itest_kvd_up(itest_kvd_t *k, const char *const *extra);
 /* Connect + hello (map = 1) with a generous timeout; aborts on failure. */
 kvc_t *itest_connect(const itest_kvd_t *k, const char *name);
 /* Value of a status stat by name ("request_refs", "pages_open.fp8"); aborts when missing. */
