@@ -11,17 +11,22 @@
  * bytes read through the NEW mapping are the ones written before; `kvctl check` is clean.
  * Without a snapshot the same sequence works and the lookup misses (0 pages). A request sent
  * while no daemon listens waits in the DEALER's queue and gets the new daemon's answer (the
- * restart error), within the call's timeout. kvc_rehello before any hello is
- * FAILED_PRECONDITION.
+ * restart error), within the call's timeout. A request the daemon took and never answered
+ * (SIGSTOP, then SIGKILL: a crash) ends in TIMEOUT after the call's timeout, not a hang, and a
+ * daemon started over the crashed one's stale socket files serves the same client after
+ * kvc_rehello. kvc_rehello before any hello is FAILED_PRECONDITION.
  */
 #include <inttypes.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -226,6 +231,46 @@ static void test_request_while_down(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* A crash with a request in flight: TIMEOUT, then the restart error, then kvc_rehello. */
+static void test_crash_in_flight(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = NULL;
+    const int timeout_ms = 2000; /* short enough for the test, long for a 100 ms reconnect */
+    assert_int_equal(kvc_connect(&c, k.endpoint, timeout_ms), KV_ERR_OK);
+    assert_int_equal(kvc_hello(c, NULL, "engine", 1), KV_ERR_OK);
+    uint64_t inst0 = kvc_instance(c);
+    assert_int_equal(kill(k.pid, SIGSTOP), 0);
+    uint64_t id = 0;
+    assert_int_equal(kvc_alloc_send(c, KV_FMT_FP8, 1, &id), KV_ERR_OK);
+    struct timespec ts = {0, 50 * 1000000L}; /* let libzmq hand the frame to the kernel */
+    nanosleep(&ts, NULL);
+    assert_int_equal(kill(k.pid, SIGKILL), 0);
+    int st = 0;
+    assert_int_equal(waitpid(k.pid, &st, 0), k.pid);
+    k.pid = 0;
+    uint32_t pg[1];
+    int64_t t0 = itest_now_us();
+    assert_int_equal(kvc_alloc_recv(c, id, 1, pg), KV_ERR_TIMEOUT);
+    int64_t ms = (itest_now_us() - t0) / 1000;
+    assert_true(ms >= timeout_ms - 50 && ms < timeout_ms + 3000);
+    must_contain(kvc_errmsg(c), "no reply from the daemon within 2000 ms");
+
+    itest_kvd_up(&k, NULL); /* over the stale socket files of the killed daemon */
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, pg), KV_ERR_NO_SESSION);
+    must_contain(kvc_errmsg(c), "daemon restarted");
+    assert_int_equal(kvc_rehello(c), KV_ERR_OK);
+    assert_true(kvc_instance(c) != inst0);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, pg), KV_ERR_OK);
+    assert_non_null(kvc_page_ptr(c, pg[0]));
+    assert_int_equal(kvc_release(c, pg, 1), KV_ERR_OK);
+    itest_assert_check(&k);
+    kvc_close(&c);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 static void test_rehello_needs_hello(void **state)
 {
     (void)state;
@@ -246,6 +291,7 @@ int main(void)
         cmocka_unit_test(test_reconnect_with_snapshot),
         cmocka_unit_test(test_reconnect_without_snapshot),
         cmocka_unit_test(test_request_while_down),
+        cmocka_unit_test(test_crash_in_flight),
         cmocka_unit_test(test_rehello_needs_hello),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
