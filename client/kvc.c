@@ -561,10 +561,15 @@ static void kvc_session_reset(kvc_t *c)
 
 kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, int map)
 {
+    const char *nsv = namespace_ ? namespace_ : "", *namev = client_name ? client_name : "";
+    if (strlen(nsv) > KVP_MAX_STRING || strlen(namev) > KVP_MAX_STRING)
+        return kvc_fail(c, KV_ERR_INVALID_ARGUMENT,
+                        "hello: namespace and client name are at most %u bytes each",
+                        KVP_MAX_STRING);
     /* copy first: kvc_rehello passes our own buffers */
     char ns[sizeof c->hello_ns], name[sizeof c->hello_name];
-    snprintf(ns, sizeof ns, "%s", namespace_ ? namespace_ : "");
-    snprintf(name, sizeof name, "%s", client_name ? client_name : "");
+    snprintf(ns, sizeof ns, "%s", nsv);
+    snprintf(name, sizeof name, "%s", namev);
     memcpy(c->hello_ns, ns, sizeof ns);
     memcpy(c->hello_name, name, sizeof name);
     c->hello_map = map;

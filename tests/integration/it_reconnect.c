@@ -14,7 +14,8 @@
  * restart error), within the call's timeout. A request the daemon took and never answered
  * (SIGSTOP, then SIGKILL: a crash) ends in TIMEOUT after the call's timeout, not a hang, and a
  * daemon started over the crashed one's stale socket files serves the same client after
- * kvc_rehello. kvc_rehello before any hello is FAILED_PRECONDITION.
+ * kvc_rehello. kvc_rehello before any hello is FAILED_PRECONDITION (also after a hello refused
+ * locally for a client name over 256 bytes: nothing is remembered from it).
  */
 #include <inttypes.h>
 #include <setjmp.h>
@@ -280,6 +281,13 @@ static void test_rehello_needs_hello(void **state)
     assert_int_equal(kvc_connect(&c, k.endpoint, 30000), KV_ERR_OK);
     assert_int_equal(kvc_rehello(c), KV_ERR_FAILED_PRECONDITION);
     must_contain(kvc_errmsg(c), "before any kvc_hello");
+    /* a name the daemon would refuse is refused before anything is sent or remembered */
+    char longname[300];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    assert_int_equal(kvc_hello(c, NULL, longname, 0), KV_ERR_INVALID_ARGUMENT);
+    must_contain(kvc_errmsg(c), "at most 256 bytes");
+    assert_int_equal(kvc_rehello(c), KV_ERR_FAILED_PRECONDITION);
     assert_int_equal(kvc_daemon_restarted(c), 0);
     kvc_close(&c);
     assert_int_equal(itest_kvd_stop(&k), 0);
