@@ -36,16 +36,7 @@
 #define NPAGES 4u
 #define PT     16u /* itest's page_tokens */
 
-static void tokens(uint32_t *t)
-{
-    for (uint32_t i = 0; i < NPAGES * PT; i++)
-        t[i] = 5000u + i * 13u;
-}
-
-static uint8_t byte_at(uint32_t page, uint64_t i)
-{
-    return (uint8_t)(page * 37u + i * 7u + (i >> 8));
-}
+#define SEED 5000u /* the known prompt (itest_seal_known) */
 
 static void must_contain(const char *s, const char *what)
 {
@@ -56,21 +47,7 @@ static void must_contain(const char *s, const char *what)
 /* Seal the prompt through c's mapping; the references stay held (the engine is mid-request). */
 static void seal_prompt(kvc_t *c, uint32_t *pages)
 {
-    uint32_t tok[NPAGES * PT];
-    tokens(tok);
-    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, NPAGES, pages), KV_ERR_OK);
-    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
-    uint32_t prev = KVP_NO_PAGE;
-    for (uint32_t i = 0; i < NPAGES; i++) {
-        uint8_t *p = kvc_page_ptr(c, pages[i]);
-        assert_non_null(p);
-        for (uint64_t b = 0; b < pb; b++)
-            p[b] = byte_at(i, b);
-        uint32_t out;
-        assert_int_equal(kvc_seal(c, pages[i], prev, tok + i * PT, PT, NULL, 0, &out), KV_ERR_OK);
-        assert_int_equal(out, pages[i]);
-        prev = pages[i];
-    }
+    itest_seal_known(c, SEED, NPAGES, pages);
 }
 
 /* The first calls after the restart: NO_SESSION naming both instances, for a session call and
@@ -105,21 +82,12 @@ static void expect_restart_error(kvc_t *c, uint64_t old_inst)
 static size_t lookup_prompt(kvc_t *c)
 {
     uint32_t tok[NPAGES * PT], pages[NPAGES], matched = 0;
-    tokens(tok);
+    itest_prompt_tokens(SEED, NPAGES, tok);
     size_t np = 0;
     assert_int_equal(kvc_lookup(c, tok, NPAGES * PT, NULL, 0, 0, pages, NPAGES, &np, &matched),
                      KV_ERR_OK);
     assert_int_equal(matched, np * PT);
-    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
-    assert_true(pb > 0);
-    for (size_t i = 0; i < np; i++) {
-        const uint8_t *p = kvc_page_ptr(c, pages[i]);
-        assert_non_null(p);
-        for (uint64_t b = 0; b < pb; b++)
-            if (p[b] != byte_at((uint32_t)i, b))
-                fail_msg("page %zu (logical %u) byte %llu: %u, written %u", i, pages[i],
-                         (unsigned long long)b, p[b], byte_at((uint32_t)i, b));
-    }
+    itest_check_known(c, SEED, pages, np);
     if (np)
         assert_int_equal(kvc_release(c, pages, np), KV_ERR_OK);
     return np;

@@ -29,16 +29,7 @@
 
 static char sdir[64];
 
-static void tokens(uint32_t *t)
-{
-    for (uint32_t i = 0; i < NPAGES * PT; i++)
-        t[i] = 1000u + i * 7u;
-}
-
-static uint8_t byte_at(uint32_t page, uint64_t i)
-{
-    return (uint8_t)(page * 29u + i * 11u + (i >> 9));
-}
+#define SEED 1000u /* the known prompt (itest_seal_known) */
 
 static char *slurp(const char *path)
 {
@@ -70,21 +61,8 @@ static void start(itest_kvd_t *k, const char *head_dim)
 static void seal_prompt(const itest_kvd_t *k)
 {
     kvc_t *c = itest_connect(k, "sealer");
-    uint32_t tok[NPAGES * PT], pages[NPAGES];
-    tokens(tok);
-    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, NPAGES, pages), KV_ERR_OK);
-    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
-    uint32_t prev = KVP_NO_PAGE;
-    for (uint32_t i = 0; i < NPAGES; i++) {
-        uint8_t *p = kvc_page_ptr(c, pages[i]);
-        assert_non_null(p);
-        for (uint64_t b = 0; b < pb; b++)
-            p[b] = byte_at(i, b);
-        uint32_t out;
-        assert_int_equal(kvc_seal(c, pages[i], prev, tok + i * PT, PT, NULL, 0, &out), KV_ERR_OK);
-        assert_int_equal(out, pages[i]);
-        prev = pages[i];
-    }
+    uint32_t pages[NPAGES];
+    itest_seal_known(c, SEED, NPAGES, pages);
     assert_int_equal(kvc_release(c, pages, NPAGES), KV_ERR_OK);
     kvc_close(&c);
 }
@@ -94,20 +72,12 @@ static size_t lookup_prompt(const itest_kvd_t *k)
 {
     kvc_t *c = itest_connect(k, "reader");
     uint32_t tok[NPAGES * PT], pages[NPAGES], matched = 0;
-    tokens(tok);
+    itest_prompt_tokens(SEED, NPAGES, tok);
     size_t np = 0;
     assert_int_equal(kvc_lookup(c, tok, NPAGES * PT, NULL, 0, 0, pages, NPAGES, &np, &matched),
                      KV_ERR_OK);
     assert_int_equal(matched, np * PT);
-    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
-    for (size_t i = 0; i < np; i++) {
-        const uint8_t *p = kvc_page_ptr(c, pages[i]);
-        assert_non_null(p);
-        for (uint64_t b = 0; b < pb; b++)
-            if (p[b] != byte_at((uint32_t)i, b))
-                fail_msg("page %zu (logical %u) byte %llu: %u, sealed %u", i, pages[i],
-                         (unsigned long long)b, p[b], byte_at((uint32_t)i, b));
-    }
+    itest_check_known(c, SEED, pages, np);
     if (np)
         assert_int_equal(kvc_release(c, pages, np), KV_ERR_OK);
     kvc_close(&c);

@@ -1,6 +1,8 @@
 /* itest.c — see itest.h. */
 #include "itest.h"
 
+#include "kvproto.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -145,15 +147,9 @@ int itest_kvd_restart(itest_kvd_t *k, const char *const *extra)
 
 int itest_kvd_stop(itest_kvd_t *k)
 {
-    if (k->pid <= 0)
+    int rc = itest_kvd_down(k);
+    if (rc == -1)
         return -1;
-    int rc = itest_kvd_term(k);
-    if (rc != 0) {
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "cat %s >&2", k->log);
-        if (system(cmd)) {
-        }
-    }
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", k->dir);
     if (system(cmd)) {
@@ -319,4 +315,51 @@ size_t itest_scrape(int port, char *out, size_t cap)
     out[len] = '\0';
     close(s);
     return len;
+}
+
+void itest_prompt_tokens(uint32_t seed, uint32_t npages, uint32_t *tok)
+{
+    for (uint32_t i = 0; i < npages * ITEST_PT; i++)
+        tok[i] = seed + i * 13u;
+}
+
+uint8_t itest_prompt_byte(uint32_t seed, uint32_t page, uint64_t i)
+{
+    return (uint8_t)(seed * 3u + page * 37u + i * 7u + (i >> 8));
+}
+
+void itest_seal_known(kvc_t *c, uint32_t seed, uint32_t npages, uint32_t *pages)
+{
+    uint32_t *tok = malloc(sizeof(uint32_t) * npages * ITEST_PT);
+    assert_non_null(tok);
+    itest_prompt_tokens(seed, npages, tok);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, npages, pages), KV_ERR_OK);
+    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    uint32_t prev = KVP_NO_PAGE;
+    for (uint32_t i = 0; i < npages; i++) {
+        uint8_t *p = kvc_page_ptr(c, pages[i]);
+        assert_non_null(p);
+        for (uint64_t b = 0; b < pb; b++)
+            p[b] = itest_prompt_byte(seed, i, b);
+        uint32_t out;
+        assert_int_equal(
+            kvc_seal(c, pages[i], prev, tok + i * ITEST_PT, ITEST_PT, NULL, 0, &out), KV_ERR_OK);
+        assert_int_equal(out, pages[i]);
+        prev = pages[i];
+    }
+    free(tok);
+}
+
+void itest_check_known(kvc_t *c, uint32_t seed, const uint32_t *pages, size_t np)
+{
+    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    assert_true(pb > 0);
+    for (size_t i = 0; i < np; i++) {
+        const uint8_t *p = kvc_page_ptr(c, pages[i]);
+        assert_non_null(p);
+        for (uint64_t b = 0; b < pb; b++)
+            if (p[b] != itest_prompt_byte(seed, (uint32_t)i, b))
+                fail_msg("page %zu (logical %u) byte %llu: %u, written %u", i, pages[i],
+                         (unsigned long long)b, p[b], itest_prompt_byte(seed, (uint32_t)i, b));
+    }
 }

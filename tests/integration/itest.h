@@ -49,6 +49,17 @@ int itest_run(const char *const *argv, char *out, size_t cap);
 int itest_free_port(void);
 /* GET /metrics from 127.0.0.1:port into out[cap] (headers included); returns the length. */
 size_t itest_scrape(int port, char *out, size_t cap);
+/* A prompt of known content (tests of sharing, snapshots, restarts): npages pages of
+ * ITEST_PT tokens from `seed`, and a known byte for every page position. */
+#define ITEST_PT 16u /* itest_kvd_start's page_tokens */
+void itest_prompt_tokens(uint32_t seed, uint32_t npages, uint32_t *tok);
+uint8_t itest_prompt_byte(uint32_t seed, uint32_t page, uint64_t i);
+/* Allocate npages FP8 pages, write the known bytes through c's mapping, seal them in order
+ * with the known tokens; pages[npages] receives the ids (references stay held). */
+void itest_seal_known(kvc_t *c, uint32_t seed, uint32_t npages, uint32_t *pages);
+/* Every byte of pages[0..np) (hits of a lookup of the known prompt) read through c's mapping
+ * equals the known byte; fails the test naming the first difference. */
+void itest_check_known(kvc_t *c, uint32_t seed, const uint32_t *pages, size_t np);
 /* kvctl check passes (exit 0 and "leaks: 0"). */
 void itest_assert_check(const itest_kvd_t *k);
 
