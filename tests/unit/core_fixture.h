@@ -1,5 +1,5 @@
 /* core_fixture.h — a small kvdcore on the host backend for the core's unit tests
- * (test_pages.c, test_prefix.c, test_core.c). Awkward sizes on purpose: 3 tokens per page,
+ * (test_pages.c, test_prefix.c, test_core.c, test_lifecycle.c, …). Awkward sizes on purpose: 3 tokens per page,
  * 7 FP8 and 5 TQ3 pages, so off-by-one errors in page math or list lengths show.
  */
 #ifndef CORE_FIXTURE_H
@@ -9,12 +9,14 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "core.h"
 #include "core_int.h"
+#include "kvkern.h"
 
 #define FX_PT 3u
 #define FX_FP8 7u
@@ -93,6 +95,38 @@ static inline kvd_stats_t fx_stats(const kvd_core_t *c)
 static inline void fx_quiesce(kvd_core_t *c, uint64_t sid)
 {
     FX_OK(kvd_core_session_report_epoch(c, sid, kvd_core_epoch(c)));
+}
+
+/* Fill FP8 page lid with Gaussian-ish KV (sum of 12 uniforms: roughly normal, unit variance)
+ * through the append twin, as an engine would; ref (optional, [T·H·d]) receives layer 0's K. */
+static inline void fx_fill_page(kvd_core_t *c, uint32_t lid, unsigned seed, float *ref)
+{
+    kvd_backend_t *be = kvd_core_backend(c);
+    kv_geom_t g = fx_geom();
+    uint32_t T = g.page_tokens, H = g.kv_heads, d = g.head_dim;
+    float *k = malloc(sizeof(float) * T * H * d), *v = malloc(sizeof(float) * T * H * d);
+    assert_non_null(k);
+    assert_non_null(v);
+    uint32_t pages[FX_PT], slots[FX_PT];
+    srand(seed);
+    for (uint32_t layer = 0; layer < g.layers; layer++) {
+        for (uint32_t i = 0; i < T * H * d; i++) {
+            float s = 0;
+            for (int r = 0; r < 12; r++)
+                s += (float)rand() / (float)RAND_MAX;
+            k[i] = s - 6.0f;
+            v[i] = 0.5f * (s - 6.0f) + 0.1f;
+        }
+        for (uint32_t t = 0; t < T; t++)
+            pages[t] = lid, slots[t] = t;
+        assert_int_equal(kv_fp8_append(&g, &be->pools, be->dir, be->exp.dir_entries, layer, T,
+                                       pages, slots, k, v),
+                         KVK_OK);
+        if (layer == 0 && ref)
+            memcpy(ref, k, sizeof(float) * T * H * d);
+    }
+    free(k);
+    free(v);
 }
 
 #endif /* CORE_FIXTURE_H */

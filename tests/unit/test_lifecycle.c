@@ -48,31 +48,6 @@ static kvd_lc_t *lc_new(const kvd_core_t *c, uint32_t w, uint32_t a, uint32_t ba
     return lc;
 }
 
-/* Gaussian-ish KV (sum of 12 uniforms) written through the append twin, like an engine. */
-static void fill_page(kvd_core_t *c, uint32_t lid, unsigned seed)
-{
-    kvd_backend_t *be = kvd_core_backend(c);
-    kv_geom_t g = fx_geom();
-    uint32_t T = g.page_tokens, H = g.kv_heads, d = g.head_dim;
-    float k[FX_PT * 2 * 64], v[FX_PT * 2 * 64];
-    uint32_t pages[FX_PT], slots[FX_PT];
-    srand(seed);
-    for (uint32_t layer = 0; layer < g.layers; layer++) {
-        for (uint32_t i = 0; i < T * H * d; i++) {
-            float s = 0;
-            for (int r = 0; r < 12; r++)
-                s += (float)rand() / (float)RAND_MAX;
-            k[i] = s - 6.0f;
-            v[i] = 0.5f * (s - 6.0f) + 0.1f;
-        }
-        for (uint32_t t = 0; t < T; t++)
-            pages[t] = lid, slots[t] = t;
-        assert_int_equal(kv_fp8_append(&g, &be->pools, be->dir, be->exp.dir_entries, layer, T,
-                                       pages, slots, k, v),
-                         KVK_OK);
-    }
-}
-
 /* Decoded layer-0 K of a page, all heads: [H][T][d]. */
 static void decode_k0(kvd_core_t *c, uint32_t lid, float *out)
 {
@@ -99,7 +74,7 @@ static uint64_t mk_seq(kvd_core_t *c, uint64_t sid, uint32_t seed, uint32_t n, u
     FX_OK(kvd_core_alloc(c, sid, n, ids));
     for (uint32_t i = 0; i < n; i++) {
         if (fill)
-            fill_page(c, ids[i], seed * 1000u + i);
+            fx_fill_page(c, ids[i], seed * 1000u + i, NULL);
         if (i < nseal) {
             uint32_t canon;
             FX_OK(kvd_core_seal(c, sid, ids[i], i ? ids[i - 1] : KVD_NONE, tok + i * FX_PT, FX_PT,

@@ -118,36 +118,6 @@ static void test_close_last_session_frees(void **state)
     kvd_core_free(&c);
 }
 
-/* Fill an FP8 page with Gaussian-ish KV through the append twin. */
-static void fill_page(kvd_core_t *c, uint32_t lid, unsigned seed, float *ref /*[T*H*d] of L0 K*/)
-{
-    kvd_backend_t *be = kvd_core_backend(c);
-    kv_geom_t g = fx_geom();
-    uint32_t T = g.page_tokens, H = g.kv_heads, d = g.head_dim;
-    float *k = malloc(sizeof(float) * T * H * d), *v = malloc(sizeof(float) * T * H * d);
-    uint32_t pages[FX_PT], slots[FX_PT];
-    srand(seed);
-    for (uint32_t layer = 0; layer < g.layers; layer++) {
-        for (uint32_t i = 0; i < T * H * d; i++) {
-            /* sum of uniforms: roughly normal, unit variance */
-            float s = 0;
-            for (int r = 0; r < 12; r++)
-                s += (float)rand() / (float)RAND_MAX;
-            k[i] = s - 6.0f;
-            v[i] = 0.5f * (s - 6.0f) + 0.1f;
-        }
-        for (uint32_t t = 0; t < T; t++)
-            pages[t] = lid, slots[t] = t;
-        assert_int_equal(kv_fp8_append(&g, &be->pools, be->dir, be->exp.dir_entries, layer, T,
-                                       pages, slots, k, v),
-                         KVK_OK);
-        if (layer == 0 && ref)
-            memcpy(ref, k, sizeof(float) * T * H * d);
-    }
-    free(k);
-    free(v);
-}
-
 static double rel_err_block(kvd_core_t *c, uint32_t lid, const float *ref)
 {
     kvd_backend_t *be = kvd_core_backend(c);
@@ -180,7 +150,7 @@ static void test_convert_flips_directory(void **state)
     uint32_t lid;
     FX_OK(kvd_core_alloc(c, a, 1, &lid));
     float ref[FX_PT * 2 * 64];
-    fill_page(c, lid, 11, ref);
+    fx_fill_page(c, lid, 11, ref);
     const kv_dir_entry_t *dir = kvd_core_backend(c)->dir;
     kv_dir_entry_t e0 = dir[lid];
     /* FP8 holds the data to e4m3 precision: relative RMS error ≈ 2^-4 / sqrt(3) ≈ 0.036 for a
@@ -234,7 +204,7 @@ static void test_convert_failure_keeps_source(void **state)
     FX_OK(kvd_core_session_open(c, 1, 0, &a));
     uint32_t lid;
     FX_OK(kvd_core_alloc(c, a, 1, &lid));
-    fill_page(c, lid, 3, NULL);
+    fx_fill_page(c, lid, 3, NULL);
     const kv_dir_entry_t *dir = kvd_core_backend(c)->dir;
     kv_dir_entry_t e0 = dir[lid];
     kvd_core_backend(c)->test_fail_convert = 1;
@@ -250,7 +220,7 @@ static void test_convert_failure_keeps_source(void **state)
     uint32_t ids[FX_TQ3];
     FX_OK(kvd_core_alloc(c, a, FX_TQ3, ids));
     for (uint32_t i = 0; i < FX_TQ3; i++) {
-        fill_page(c, ids[i], 20 + i, NULL);
+        fx_fill_page(c, ids[i], 20 + i, NULL);
         FX_OK(kvd_core_convert(c, ids[i], KV_FMT_TQ3));
     }
     assert_int_equal(kvd_core_convert(c, lid, KV_FMT_TQ3), KV_ERR_RESOURCE_EXHAUSTED);
