@@ -51,25 +51,44 @@ static int holder(const itest_kvd_t *k, int wfd, int rfd, int close_socket, uint
     return 0;
 }
 
-static void test_kill9_reclaims_everything(void **state)
+/* A holder process (see holder) that has reported ready: its pid, and to_child, the pipe end
+ * that lets it exit normally when written. */
+typedef struct held_s {
+    pid_t pid;
+    int to_child;
+} held_t;
+
+static held_t spawn_holder(const itest_kvd_t *k, int close_socket, uint32_t npages,
+                           uint32_t nsealed)
 {
-    (void)state;
-    itest_kvd_t k;
-    itest_kvd_start(&k, NULL);
     int c2p[2], p2c[2];
     assert_int_equal(pipe(c2p), 0);
     assert_int_equal(pipe(p2c), 0);
     pid_t pid = fork();
     if (pid == 0)
-        _exit(holder(&k, c2p[1], p2c[0], 0, 100, 10));
+        _exit(holder(k, c2p[1], p2c[0], close_socket, npages, nsealed));
     char b;
     assert_int_equal(read(c2p[0], &b, 1), 1);
+    close(c2p[0]);
+    close(c2p[1]);
+    close(p2c[0]);
+    return (held_t){.pid = pid, .to_child = p2c[1]};
+}
+
+static void test_kill9_reclaims_everything(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    held_t h = spawn_holder(&k, 0, 100, 10);
+    pid_t pid = h.pid;
     assert_int_equal(itest_stat(&k, "request_refs"), 100);
     assert_int_equal(itest_stat(&k, "pages_open.fp8"), 90);
     assert_int_equal(itest_stat(&k, "cache_entries"), 10);
     assert_int_equal(kill(pid, SIGKILL), 0);
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
+    close(h.to_child);
     int64_t t0 = itest_now_us();
     int64_t ms = itest_wait_stat(&k, "request_refs", 0, 30000);
     assert_true(ms >= 0);
@@ -90,14 +109,8 @@ static void test_regression_socket_close_frees_nothing(void **state)
     (void)state;
     itest_kvd_t k;
     itest_kvd_start(&k, NULL);
-    int c2p[2], p2c[2];
-    assert_int_equal(pipe(c2p), 0);
-    assert_int_equal(pipe(p2c), 0);
-    pid_t pid = fork();
-    if (pid == 0)
-        _exit(holder(&k, c2p[1], p2c[0], 1, 20, 4));
-    char b;
-    assert_int_equal(read(c2p[0], &b, 1), 1);
+    held_t h = spawn_holder(&k, 1, 20, 4);
+    pid_t pid = h.pid;
     /* The socket is closed; a buggy daemon would reclaim now. Watch for a while: this wait is
      * the test (the daemon gets every chance to do the wrong thing), not a synchronisation. */
     int64_t t0 = itest_now_us();
@@ -108,7 +121,8 @@ static void test_regression_socket_close_frees_nothing(void **state)
         nanosleep(&ts, NULL);
     }
     assert_int_equal(itest_stat(&k, "pages_open.fp8"), 16);
-    assert_int_equal(write(p2c[1], "x", 1), 1); /* now let it exit normally */
+    assert_int_equal(write(h.to_child, "x", 1), 1); /* now let it exit normally */
+    close(h.to_child);
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFEXITED(st));

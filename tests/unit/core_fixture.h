@@ -1,6 +1,7 @@
 /* core_fixture.h — a small kvdcore on the host backend for the core's unit tests
- * (test_pages.c, test_prefix.c, test_core.c, test_lifecycle.c, …). Awkward sizes on purpose: 3 tokens per page,
- * 7 FP8 and 5 TQ3 pages, so off-by-one errors in page math or list lengths show.
+ * (test_pages.c, test_prefix.c, test_core.c, test_lifecycle.c, …). Awkward sizes on purpose:
+ * 3 tokens per page, 7 FP8 and 5 TQ3 pages, so off-by-one errors in page math or list lengths
+ * show.
  */
 #ifndef CORE_FIXTURE_H
 #define CORE_FIXTURE_H
