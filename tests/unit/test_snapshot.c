@@ -243,6 +243,22 @@ static void test_core_restore(void **state)
 }
 
 /* ---- round trip -------------------------------------------------------------------------- */
+/* A fresh snapshot directory and a core with one 3-page prompt cached, snapshotted once: the
+ * starting point of the parser, rollback and allocation-failure tests. */
+static kvd_core_t *snapped_core(kvd_snap_ident_t *id, kvd_snap_result_t *r)
+{
+    tdir_make();
+    kvd_core_t *a = snap_core(FX_FP8, FX_TQ3);
+    uint64_t s;
+    FX_OK(kvd_core_session_open(a, 1, 0, &s));
+    uint32_t p1[3];
+    cache_prompt(a, s, 1, 3, p1);
+    ident(id, a);
+    char err[512] = "";
+    SNAP_OK(kvd_snap_write(a, tdir, id, r, err, sizeof(err)));
+    return a;
+}
+
 static void test_round_trip(void **state)
 {
     tdir_make();
@@ -346,17 +362,10 @@ static int count_cb(void *ud, const uint8_t hash[32], kv_fmt_t f, uint32_t flags
 
 static void test_parser_refuses(void **state)
 {
-    tdir_make();
-    kvd_core_t *a = snap_core(FX_FP8, FX_TQ3);
-    uint64_t s;
-    FX_OK(kvd_core_session_open(a, 1, 0, &s));
-    uint32_t p1[3];
-    cache_prompt(a, s, 1, 3, p1);
     kvd_snap_ident_t id;
-    ident(&id, a);
     kvd_snap_result_t r;
     char err[512] = "";
-    SNAP_OK(kvd_snap_write(a, tdir, &id, &r, err, sizeof(err)));
+    kvd_core_t *a = snapped_core(&id, &r);
     size_t len;
     uint8_t *good = read_file(r.path, &len);
     uint8_t *b = malloc(len + 1);
@@ -569,17 +578,10 @@ static void test_generations_fallback(void **state)
 
 static void test_rollback_half_load(void **state)
 {
-    tdir_make();
-    kvd_core_t *a = snap_core(FX_FP8, FX_TQ3);
-    uint64_t s;
-    FX_OK(kvd_core_session_open(a, 1, 0, &s));
-    uint32_t p1[3];
-    cache_prompt(a, s, 1, 3, p1);
     kvd_snap_ident_t id;
-    ident(&id, a);
     kvd_snap_result_t r, lr;
     char err[512] = "";
-    SNAP_OK(kvd_snap_write(a, tdir, &id, &r, err, sizeof(err)));
+    kvd_core_t *a = snapped_core(&id, &r);
     /* record 2 carries record 0's hash, with a valid CRC: only the restore can see it, after
      * two pages went in. They must come out again. */
     size_t len;
@@ -648,17 +650,10 @@ static void test_budget_keeps_newest(void **state)
  * restored and nothing leaked (SQLite's OOM loop). */
 static void test_load_oom(void **state)
 {
-    tdir_make();
-    kvd_core_t *a = snap_core(FX_FP8, FX_TQ3);
-    uint64_t s;
-    FX_OK(kvd_core_session_open(a, 1, 0, &s));
-    uint32_t p1[3];
-    cache_prompt(a, s, 1, 3, p1);
     kvd_snap_ident_t id;
-    ident(&id, a);
     kvd_snap_result_t r, lr;
     char err[512] = "";
-    SNAP_OK(kvd_snap_write(a, tdir, &id, &r, err, sizeof(err)));
+    kvd_core_t *a = snapped_core(&id, &r);
     int loaded = 0;
     for (uint64_t n = 1; n < 40 && !loaded; n++) {
         int64_t live0 = kvd_alloc_live();
