@@ -21,23 +21,34 @@
  *     float    scale[page_tokens]             amax/448 of that token-head (1.0 when amax==0)
  *
  *   TQ3 K block  (3 + 16/d bits per value: 3.125 at d=128)
- *     uint32_t plane[page_tokens][head_dim/32][3]   3-bit codes as bit planes, see below
- *     uint16_t norm [page_tokens]                   FP16 norm correction γ: k̂ = γ · Rᵀ ĉ
+ *     uint32_t unit [page_tokens][head_dim/32][3]     3-bit codes in UNITS, see below
+ *     uint16_t norm [page_tokens]                     FP16 norm correction γ: k̂ = γ · Rᵀ ĉ
  *   TQ3 V block  (3 + 32/d bits per value: 3.25 at d=128)
- *     uint32_t plane[page_tokens][head_dim/32][3]
- *     uint16_t scale[page_tokens], zero[page_tokens] FP16 affine: v̂_rot = zero + code*scale
+ *     uint32_t unit [ceil(page_tokens/2)][head_dim/16][3]   token PAIRS, see below
+ *     uint16_t scale[page_tokens], zero[page_tokens]  FP16 affine: v̂_rot = zero + code*scale
  *
- * TQ3 bit planes: the rotated vector of one token-head is cut into groups of 32 coordinates.
- * Group g is three 32-bit words w0,w1,w2; coordinate 32g+j has code
- *     c = ((w0 >> j) & 1) | (((w1 >> j) & 1) << 1) | (((w2 >> j) & 1) << 2).
- * A GPU lane that owns coordinate j of every group extracts its code with three shifts and
- * masks; a thread that owns a whole group reads 12 contiguous bytes.
+ * TQ3 code units (layout 2, 2026-11-30; docs/formats.md "TQ3 units" says why). A UNIT is three
+ * 32-bit words w0, w1, w2 holding 16 PAIRS of 3-bit codes, a pair being a LOW and a HIGH code:
+ *     pair p < 15:  word p/5, low code at bits 3·(p%5) … +2, high code at bits 16 + 3·(p%5) … +2
+ *     pair 15:      bit b of the low code is bit 15 of word b, of the high code bit 31 of word b
+ * A pair then becomes an f16x2 MMA operand in two instructions: shift the word by 7 − 3·(p%5)
+ * and (x & 0x03800380) | 0x3C003C00 gives the halves 1 + c/8, exactly (pair 15: six).
+ *   K unit (token t, group q):  index t·(d/32) + q;  pair p = coordinates 32q + 2p (low) and
+ *                               32q + 2p + 1 (high) of token t.
+ *   V unit (pair u, group q):   index u·(d/16) + q;  pair p = coordinate 16q + p of token 2u
+ *                               (low) and of token 2u + 1 (high). With page_tokens odd, the
+ *                               high codes of the last pair are zero.
+ * These are the operand orders of mma.m16n8k16: a K pair is two contraction coordinates of
+ * one token, a V pair two contraction tokens of one coordinate (cuda/attn.cu).
+ * kv_tq3_get / kv_tq3_set below address one code; every implementation goes through them or
+ * documents its equivalence.
  *
  * Rotation: R = H · diag(s) / sqrt(d), H the d×d Sylvester–Hadamard matrix, s ∈ {±1}^d from
  * kv_rot_sign(seed, i). R is orthonormal; Rᵀ = diag(s) · H / sqrt(d).
  *
- * TQ3 keys: u = k/‖k‖, y = R u, code_i = nearest of KV_TQ3_CENTROIDS[]/sqrt(d) to y_i,
- * norm γ chosen by the codec (docs/formats.md says which and why). Score: q·k̂ = γ (R q)·ĉ.
+ * TQ3 keys: u = k/‖k‖, y = R u, code_i = nearest of KV_TQ3_CENTROIDS[]/sqrt(d) to y_i (a
+ * uniform grid, step KV_TQ3_KEY_STEP, since layout 2), norm γ chosen by the codec
+ * (docs/formats.md says which and why). Score: q·k̂ = γ (R q)·ĉ.
  * TQ3 values: y = R v; step = 0.5860·σ(y) (the MSE-optimal uniform 8-level grid of a Gaussian);
  * if 7·step < max y − min y: zero = mean y − 3.5·step, scale = step (tails clip), else
  * zero = min y, scale = (max y − min y)/7; code = clamp(rint((y−zero)/scale), 0, 7).
@@ -86,9 +97,18 @@ enum { KV_KIND_K = 0, KV_KIND_V = 1 };
 #define KV_MAX_HEAD_DIM 256
 #define KV_TQ3_VALUE_STEP_SIGMAS 0.5860f /* optimal uniform 8-level step for N(0,1), in σ */
 
-/* Lloyd–Max 3-bit quantizer for N(0,1), ascending; code i ↦ KV_TQ3_CENTROIDS[i] / sqrt(d). */
+/* Version of the page layouts and the TQ3 codebook: snapshots record it and refuse another.
+ * 1: bit planes, Lloyd–Max key levels. 2: code units (below), uniform key levels. */
+#define KV_LAYOUT_VERSION 2u
+
+/* Key levels: the MSE-optimal UNIFORM 8-level grid for N(0,1), ascending, code i ↦
+ * KV_TQ3_CENTROIDS[i] / sqrt(d) = KV_TQ3_KEY_STEP · (i − 3.5) / sqrt(d). Uniform (not
+ * Lloyd–Max: ±0.2451, ±0.7560, ±1.3439, ±2.1519) so that a kernel turns a code into its level
+ * with a shift and a mask instead of a table lookup; the cost is ~8% more key MSE
+ * (docs/formats.md has the measurement). */
+#define KV_TQ3_KEY_STEP 0.5860f
 #define KV_TQ3_CENTROIDS_INIT                                                                      \
-    { -2.1519f, -1.3439f, -0.7560f, -0.2451f, 0.2451f, 0.7560f, 1.3439f, 2.1519f }
+    { -2.0510f, -1.4650f, -0.8790f, -0.2930f, 0.2930f, 0.8790f, 1.4650f, 2.0510f }
 
 /* ---- geometry ---------------------------------------------------------------------------- */
 typedef struct kv_geom_s {
@@ -116,11 +136,16 @@ KV_HD uint64_t kv_align_up(uint64_t x, uint64_t a)
     return (x + a - 1) / a * a;
 }
 
-/* Bytes of the codes part of one block (before the per-token metadata). */
-KV_HD uint64_t kv_block_code_bytes(const kv_geom_t *g, kv_fmt_t f)
+/* Bytes of the codes part of one block of format f and kind (before the per-token metadata).
+ * TQ3 V stores token pairs, so an odd page_tokens adds one token's worth of zero codes. */
+KV_HD uint64_t kv_block_code_bytes(const kv_geom_t *g, kv_fmt_t f, int kind)
 {
     uint64_t t = g->page_tokens, d = g->head_dim;
-    return f == KV_FMT_FP8 ? t * d : t * (d / 32) * 3 * sizeof(uint32_t);
+    if (f == KV_FMT_FP8)
+        return t * d;
+    if (kind == KV_KIND_K)
+        return t * (d / 32) * 3 * sizeof(uint32_t);
+    return (t + 1) / 2 * (d / 16) * 3 * sizeof(uint32_t);
 }
 
 /* Bytes of per-token metadata in one block of format f and kind (K or V). */
@@ -133,14 +158,14 @@ KV_HD uint64_t kv_block_meta_bytes(const kv_geom_t *g, kv_fmt_t f, int kind)
 }
 
 /* Offset of the metadata inside a block (codes come first, metadata 16-byte aligned). */
-KV_HD uint64_t kv_block_meta_offset(const kv_geom_t *g, kv_fmt_t f)
+KV_HD uint64_t kv_block_meta_offset(const kv_geom_t *g, kv_fmt_t f, int kind)
 {
-    return kv_align_up(kv_block_code_bytes(g, f), KV_BLOCK_ALIGN);
+    return kv_align_up(kv_block_code_bytes(g, f, kind), KV_BLOCK_ALIGN);
 }
 
 KV_HD uint64_t kv_block_bytes(const kv_geom_t *g, kv_fmt_t f, int kind)
 {
-    return kv_align_up(kv_block_meta_offset(g, f) + kv_block_meta_bytes(g, f, kind),
+    return kv_align_up(kv_block_meta_offset(g, f, kind) + kv_block_meta_bytes(g, f, kind),
                        KV_BLOCK_ALIGN);
 }
 
@@ -172,6 +197,63 @@ KV_HD double kv_page_bits_per_value(const kv_geom_t *g, kv_fmt_t f)
 {
     double values = 2.0 * g->layers * g->kv_heads * g->head_dim * g->page_tokens;
     return 8.0 * (double)kv_page_bytes(g, f) / values;
+}
+
+/* ---- TQ3 code units ---------------------------------------------------------------------- */
+#define KV_TQ3_UNIT_WORDS 3u
+#define KV_TQ3_UNIT_PAIRS 16u
+
+/* Code of pair p (0..15), half hi (0 low, 1 high) of the unit at u. */
+KV_HD uint32_t kv_tq3_unit_get(const uint32_t *u, uint32_t p, uint32_t hi)
+{
+    if (p < 15)
+        return (u[p / 5] >> (16 * hi + 3 * (p % 5))) & 7u;
+    const uint32_t bit = 15 + 16 * hi;
+    return ((u[0] >> bit) & 1u) | (((u[1] >> bit) & 1u) << 1) | (((u[2] >> bit) & 1u) << 2);
+}
+
+KV_HD void kv_tq3_unit_set(uint32_t *u, uint32_t p, uint32_t hi, uint32_t c)
+{
+    if (p < 15) {
+        const uint32_t sh = 16 * hi + 3 * (p % 5);
+        u[p / 5] = (u[p / 5] & ~(7u << sh)) | ((c & 7u) << sh);
+        return;
+    }
+    const uint32_t bit = 15 + 16 * hi;
+    for (uint32_t b = 0; b < 3; b++)
+        u[b] = (u[b] & ~(1u << bit)) | (((c >> b) & 1u) << bit);
+}
+
+/* Where code i (coordinate) of token t of a TQ3 block of kind k sits: unit index, pair, half. */
+KV_HD void kv_tq3_code_pos(int kind, uint32_t d, uint32_t t, uint32_t i, uint64_t *unit,
+                           uint32_t *pair, uint32_t *hi)
+{
+    if (kind == KV_KIND_K) {
+        *unit = (uint64_t)t * (d / 32) + i / 32;
+        *pair = (i % 32) / 2;
+        *hi = i % 2;
+    } else {
+        *unit = (uint64_t)(t / 2) * (d / 16) + i / 16;
+        *pair = i % 16;
+        *hi = t % 2;
+    }
+}
+
+/* Code of coordinate i of token t in the codes of a TQ3 block (its first byte, as words). */
+KV_HD uint32_t kv_tq3_get(const uint32_t *codes, int kind, uint32_t d, uint32_t t, uint32_t i)
+{
+    uint64_t u;
+    uint32_t p, h;
+    kv_tq3_code_pos(kind, d, t, i, &u, &p, &h);
+    return kv_tq3_unit_get(codes + u * KV_TQ3_UNIT_WORDS, p, h);
+}
+
+KV_HD void kv_tq3_set(uint32_t *codes, int kind, uint32_t d, uint32_t t, uint32_t i, uint32_t c)
+{
+    uint64_t u;
+    uint32_t p, h;
+    kv_tq3_code_pos(kind, d, t, i, &u, &p, &h);
+    kv_tq3_unit_set(codes + u * KV_TQ3_UNIT_WORDS, p, h, c);
 }
 
 /* ---- rotation signs ---------------------------------------------------------------------- */

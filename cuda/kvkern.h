@@ -34,15 +34,15 @@ void kv_rot_forward(uint64_t seed, uint32_t d, const float *x, float *y);
 void kv_rot_inverse(uint64_t seed, uint32_t d, const float *y, float *x);
 
 /* ---- TQ3 rows (tq3.c) -------------------------------------------------------------------- */
-uint32_t kv_tq3_code_get(const uint32_t *planes, uint32_t i);
-void kv_tq3_code_set(uint32_t *planes, uint32_t i, uint32_t code);
-/* Keys: planes [d/32][3], norm = FP16 γ. */
-void kv_tq3_encode_key(uint64_t seed, uint32_t d, const float *k, uint32_t *planes, uint16_t *norm);
-void kv_tq3_decode_key(uint64_t seed, uint32_t d, const uint32_t *planes, uint16_t norm, float *k);
-/* Values: planes [d/32][3], FP16 scale and zero of the rotated vector. */
-void kv_tq3_encode_value(uint64_t seed, uint32_t d, const float *v, uint32_t *planes,
+/* One token-head at a time, codes one byte (0..7) per coordinate; where the codes go in a page
+ * block is kv_tq3_get / kv_tq3_set of kv_format.h (page.c packs them).
+ * Keys: codes [d], norm = FP16 γ. */
+void kv_tq3_encode_key(uint64_t seed, uint32_t d, const float *k, uint8_t *codes, uint16_t *norm);
+void kv_tq3_decode_key(uint64_t seed, uint32_t d, const uint8_t *codes, uint16_t norm, float *k);
+/* Values: codes [d], FP16 scale and zero of the rotated vector. */
+void kv_tq3_encode_value(uint64_t seed, uint32_t d, const float *v, uint8_t *codes,
                          uint16_t *scale, uint16_t *zero);
-void kv_tq3_decode_value(uint64_t seed, uint32_t d, const uint32_t *planes, uint16_t scale,
+void kv_tq3_decode_value(uint64_t seed, uint32_t d, const uint8_t *codes, uint16_t scale,
                          uint16_t zero, float *v);
 
 /* ---- pages (page.c) ---------------------------------------------------------------------- */
