@@ -1,18 +1,20 @@
-/* tq3.c — TQ3 rows: 3-bit rotated codes for keys (Lloyd–Max + FP16 norm) and values (affine
+/* tq3.c — TQ3 rows: 3-bit rotated codes for keys (uniform grid + FP16 norm) and values (affine
  * + FP16 scale/zero). CPU twins of the retier/promote kernels' inner loops.
  *
- * Bit planes (kv_format.h): coordinate i = 32g + j lives in words 3g, 3g+1, 3g+2 as bit j of
- * each; word 3g+k holds bit k of the code.
- *
- *   word 3g+0:  b0(c[32g+31]) … b0(c[32g+1]) b0(c[32g])      (bit j = bit 0 of code 32g+j)
- *   word 3g+1:  b1(…)
- *   word 3g+2:  b2(…)
+ * A row's codes are one byte (0..7) per coordinate, codes[i] for coordinate i. Where they go
+ * in a page block (units of 3 words, K: coordinate pairs of one token, V: one coordinate of a
+ * token pair — kv_format.h, "TQ3 code units") is page.c's business, through kv_tq3_get/set:
+ * this file never sees the storage, and the codes it computes do not depend on it. Decoders
+ * read the low 3 bits of each code byte only (a caller's stray high bit cannot index past C).
+ * Layout 1 (bit planes, before 2026-11-30) kept the codes as planes here; only that storage
+ * changed, every evaluation order below is as it was (the GPU retier matches it bit for bit).
  *
  * KEYS. y = R k, n = ‖k‖ (accumulated in double, rounded to float), z_i = y_i · (sqrt(d)/n)
  * (float: sc = sqrtf(d)/n, z_i = y_i·sc), i.e. the i-th coordinate of R(k/‖k‖) scaled to unit
  * variance. code_i = #{ j ∈ 0..6 : z_i ≥ b_j } with b_j = 0.5f·(C_j + C_{j+1}) in float,
- * C = KV_TQ3_CENTROIDS_INIT. So boundaries are the float midpoints and a value exactly on a
- * boundary takes the UPPER code (z = 0 → code 4). The GPU must use the same comparison (≥).
+ * C = KV_TQ3_CENTROIDS_INIT = KV_TQ3_KEY_STEP·(i − 3.5), the uniform grid of layout 2 (it was
+ * Lloyd–Max in layout 1; the rule is unchanged, only C changed). So boundaries are the float
+ * midpoints and a value exactly on a boundary takes the UPPER code (z = 0 → code 4). The GPU must use the same comparison (≥).
  * Decode: k̂ = γ · Rᵀ ĉ, ĉ_i = C[code_i]/sqrt(d); in float t_i = C[code_i] · (γ·(1/sqrt(d))).
  *
  * Norm correction γ (FP16). Three candidates, with β = ⟨R k/‖k‖, ĉ⟩ (≤ ‖ĉ‖ by Cauchy):
@@ -60,21 +62,6 @@
 
 static const float tq3_centroid[KV_TQ3_LEVELS] = KV_TQ3_CENTROIDS_INIT;
 
-uint32_t kv_tq3_code_get(const uint32_t *planes, uint32_t i)
-{
-    const uint32_t *w = planes + (uint64_t)(i >> 5) * 3;
-    uint32_t j = i & 31u;
-    return ((w[0] >> j) & 1u) | (((w[1] >> j) & 1u) << 1) | (((w[2] >> j) & 1u) << 2);
-}
-
-void kv_tq3_code_set(uint32_t *planes, uint32_t i, uint32_t code)
-{
-    uint32_t *w = planes + (uint64_t)(i >> 5) * 3;
-    uint32_t j = i & 31u;
-    for (uint32_t k = 0; k < 3; k++)
-        w[k] = (w[k] & ~(1u << j)) | (((code >> k) & 1u) << j);
-}
-
 static uint16_t half_sat(float x)
 {
     if (x > 65504.0f)
@@ -89,9 +76,9 @@ static int dim_ok(uint32_t d)
     return d >= 32 && d <= KV_MAX_HEAD_DIM && (d & (d - 1)) == 0;
 }
 
-static void planes_zero(uint32_t d, uint32_t *planes)
+static void codes_zero(uint32_t d, uint8_t *codes)
 {
-    memset(planes, 0, (size_t)(d / 32) * 3 * sizeof(uint32_t));
+    memset(codes, 0, d);
 }
 
 /* Pairwise sums in the order the header describes; t is overwritten, n a power of two. */
@@ -111,13 +98,13 @@ static float pairsum_f(float *t, uint32_t n)
     return t[0];
 }
 
-void kv_tq3_encode_key(uint64_t seed, uint32_t d, const float *k, uint32_t *planes, uint16_t *norm)
+void kv_tq3_encode_key(uint64_t seed, uint32_t d, const float *k, uint8_t *codes, uint16_t *norm)
 {
     float y[KV_MAX_HEAD_DIM];
     double t[KV_MAX_HEAD_DIM], u[KV_MAX_HEAD_DIM];
     if (!dim_ok(d))
         return;
-    planes_zero(d, planes);
+    codes_zero(d, codes);
     *norm = 0;
 
     for (uint32_t i = 0; i < d; i++)
@@ -139,7 +126,7 @@ void kv_tq3_encode_key(uint64_t seed, uint32_t d, const float *k, uint32_t *plan
         uint32_t c = 0;
         for (int j = 0; j < KV_TQ3_LEVELS - 1; j++)
             c += z >= b[j];
-        kv_tq3_code_set(planes, i, c);
+        codes[i] = (uint8_t)c;
         t[i] = (double)z * tq3_centroid[c];
         u[i] = (double)tq3_centroid[c] * tq3_centroid[c];
     }
@@ -157,23 +144,23 @@ void kv_tq3_encode_key(uint64_t seed, uint32_t d, const float *k, uint32_t *plan
     *norm = half_sat((float)g);
 }
 
-void kv_tq3_decode_key(uint64_t seed, uint32_t d, const uint32_t *planes, uint16_t norm, float *k)
+void kv_tq3_decode_key(uint64_t seed, uint32_t d, const uint8_t *codes, uint16_t norm, float *k)
 {
     if (!dim_ok(d))
         return;
     float g = kv_half_to_float(norm) * (float)(1.0 / sqrt((double)d));
     for (uint32_t i = 0; i < d; i++)
-        k[i] = tq3_centroid[kv_tq3_code_get(planes, i)] * g;
+        k[i] = tq3_centroid[codes[i] & 7u] * g;
     kv_rot_inverse(seed, d, k, k);
 }
 
-void kv_tq3_encode_value(uint64_t seed, uint32_t d, const float *v, uint32_t *planes,
+void kv_tq3_encode_value(uint64_t seed, uint32_t d, const float *v, uint8_t *codes,
                          uint16_t *scale, uint16_t *zero)
 {
     float y[KV_MAX_HEAD_DIM], t[KV_MAX_HEAD_DIM];
     if (!dim_ok(d))
         return;
-    planes_zero(d, planes);
+    codes_zero(d, codes);
     *scale = 0;
     *zero = 0;
 
@@ -215,17 +202,17 @@ void kv_tq3_encode_value(uint64_t seed, uint32_t d, const float *v, uint32_t *pl
     for (uint32_t i = 0; i < d; i++) {
         float q = rintf((y[i] - z) / s);
         uint32_t c = q >= 7.0f ? 7u : q > 0.0f ? (uint32_t)q : 0u;
-        kv_tq3_code_set(planes, i, c);
+        codes[i] = (uint8_t)c;
     }
 }
 
-void kv_tq3_decode_value(uint64_t seed, uint32_t d, const uint32_t *planes, uint16_t scale,
+void kv_tq3_decode_value(uint64_t seed, uint32_t d, const uint8_t *codes, uint16_t scale,
                          uint16_t zero, float *v)
 {
     if (!dim_ok(d))
         return;
     float s = kv_half_to_float(scale), z = kv_half_to_float(zero);
     for (uint32_t i = 0; i < d; i++)
-        v[i] = (float)kv_tq3_code_get(planes, i) * s + z;
+        v[i] = (float)(codes[i] & 7u) * s + z;
     kv_rot_inverse(seed, d, v, v);
 }
