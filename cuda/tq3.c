@@ -14,7 +14,8 @@
  * variance. code_i = #{ j ∈ 0..6 : z_i ≥ b_j } with b_j = 0.5f·(C_j + C_{j+1}) in float,
  * C = KV_TQ3_CENTROIDS_INIT = KV_TQ3_KEY_STEP·(i − 3.5), the uniform grid of layout 2 (it was
  * Lloyd–Max in layout 1; the rule is unchanged, only C changed). So boundaries are the float
- * midpoints and a value exactly on a boundary takes the UPPER code (z = 0 → code 4). The GPU must use the same comparison (≥).
+ * midpoints and a value exactly on a boundary takes the UPPER code (z = 0 → code 4). The GPU
+ * must use the same comparison (≥).
  * Decode: k̂ = γ · Rᵀ ĉ, ĉ_i = C[code_i]/sqrt(d); in float t_i = C[code_i] · (γ·(1/sqrt(d))).
  *
  * Norm correction γ (FP16). Three candidates, with β = ⟨R k/‖k‖, ĉ⟩ (≤ ‖ĉ‖ by Cauchy):
