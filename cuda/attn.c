@@ -147,7 +147,7 @@ static double attn_key_row(const attn_ctx_t *c, kv_fmt_t f, const uint8_t *blk, 
                            double *row)
 {
     const uint32_t d = c->d;
-    const uint8_t *meta = blk + kv_block_meta_offset(c->g, f);
+    const uint8_t *meta = blk + kv_block_meta_offset(c->g, f, KV_KIND_K);
     if (f == KV_FMT_FP8) {
         const uint8_t *code = blk + (uint64_t)t * d;
         float scale;
@@ -156,11 +156,12 @@ static double attn_key_row(const attn_ctx_t *c, kv_fmt_t f, const uint8_t *blk, 
             row[i] = c->fp8_lut[code[i]];
         return scale;
     }
-    const uint32_t *planes = (const uint32_t *)(const void *)blk + (uint64_t)t * (d / 32) * 3;
+    /* blocks are 16-byte aligned (the pool base is checked), so the units can be read as words */
+    const uint32_t *units = (const uint32_t *)(const void *)blk;
     uint16_t norm;
     memcpy(&norm, meta + (uint64_t)t * sizeof(uint16_t), sizeof(norm));
     for (uint32_t i = 0; i < d; i++)
-        row[i] = c->centroid[kv_tq3_code_get(planes, i)];
+        row[i] = c->centroid[kv_tq3_get(units, KV_KIND_K, d, t, i)];
     return kv_half_to_float(norm);
 }
 
@@ -170,7 +171,7 @@ static void attn_value_row(const attn_ctx_t *c, kv_fmt_t f, const uint8_t *blk, 
                            double *row)
 {
     const uint32_t d = c->d;
-    const uint8_t *meta = blk + kv_block_meta_offset(c->g, f);
+    const uint8_t *meta = blk + kv_block_meta_offset(c->g, f, KV_KIND_V);
     if (f == KV_FMT_FP8) {
         const uint8_t *code = blk + (uint64_t)t * d;
         float scale;
@@ -179,14 +180,14 @@ static void attn_value_row(const attn_ctx_t *c, kv_fmt_t f, const uint8_t *blk, 
             row[i] = c->fp8_lut[code[i]] * scale;
         return;
     }
-    const uint32_t *planes = (const uint32_t *)(const void *)blk + (uint64_t)t * (d / 32) * 3;
+    const uint32_t *units = (const uint32_t *)(const void *)blk; /* V: token pairs share units */
     const uint64_t pt = c->g->page_tokens;
     uint16_t hs, hz;
     memcpy(&hs, meta + (uint64_t)t * sizeof(uint16_t), sizeof(hs));
     memcpy(&hz, meta + (pt + t) * sizeof(uint16_t), sizeof(hz));
     float scale = kv_half_to_float(hs), zero = kv_half_to_float(hz);
     for (uint32_t i = 0; i < d; i++)
-        row[i] = zero + (float)kv_tq3_code_get(planes, i) * scale;
+        row[i] = zero + (float)kv_tq3_get(units, KV_KIND_V, d, t, i) * scale;
 }
 
 /* Running softmax state of the query heads of one GQA group over one partition. */

@@ -5,9 +5,17 @@
  * here knows a layout the header does not state. Per block (layer, kind, head):
  *
  *   FP8      [ code[T][d] u8 ][ scale[T] f32 ][ pad → 16 ]
- *   TQ3 K    [ plane[T][d/32][3] u32 ][ pad → 16 ][ norm[T] f16 ][ pad → 16 ]
- *   TQ3 V    [ plane[T][d/32][3] u32 ][ pad → 16 ][ scale[T] f16 ][ zero[T] f16 ][ pad → 16 ]
+ *   TQ3 K    [ unit[T][d/32][3] u32 ][ pad → 16 ][ norm[T] f16 ][ pad → 16 ]
+ *   TQ3 V    [ unit[⌈T/2⌉][d/16][3] u32 ][ pad → 16 ][ scale[T] f16 ][ zero[T] f16 ][ pad → 16 ]
  *   page     [ blocks of layer 0 … layer L-1 ][ pad → 256 ]
+ *
+ * TQ3 codes (layout 2): a token's codes are spread over a contiguous run of UNITS — K: d/32
+ * units of its own at t·(d/32); V: d/16 units at (t/2)·(d/16) that it SHARES with its partner
+ * token t^1 (it owns the low or the high half of every pair). A row is therefore read and
+ * written as that run of units: copied into an aligned local, each code placed with kv_tq3_set
+ * (kv_tq3_get on reads) at the token's index inside the run (K: 0, V: t%2), copied back. The
+ * write is read-modify-write, so the partner's half is preserved; with page_tokens odd the
+ * high half of the last V pair belongs to no token and stays zero (the target page is zeroed).
  *
  * Padding is always written as zero, so a page's bytes are a pure function of its contents
  * (snapshot CRCs and page-equality tests rely on it): retier and promote clear the whole target
@@ -30,7 +38,7 @@ static uint8_t *fp8_page_ptr(const kv_geom_t *g, const kv_pools_t *pools, uint32
 /* Zero the bytes between the end of a block's metadata and the end of the block. */
 static void block_tail_zero(const kv_geom_t *g, kv_fmt_t f, int kind, uint8_t *blk)
 {
-    uint64_t end = kv_block_meta_offset(g, f) + kv_block_meta_bytes(g, f, kind);
+    uint64_t end = kv_block_meta_offset(g, f, kind) + kv_block_meta_bytes(g, f, kind);
     memset(blk + end, 0, (size_t)(kv_block_bytes(g, f, kind) - end));
 }
 
@@ -46,51 +54,85 @@ static void fp8_block_put(const kv_geom_t *g, uint8_t *blk, uint32_t t, const fl
     uint64_t d = g->head_dim;
     float s;
     kv_fp8_encode_row(g->head_dim, x, blk + t * d, &s);
-    memcpy(blk + kv_block_meta_offset(g, KV_FMT_FP8) + (uint64_t)t * sizeof(float), &s, sizeof s);
+    uint64_t meta = kv_block_meta_offset(g, KV_FMT_FP8, KV_KIND_K); /* the same for K and V */
+    memcpy(blk + meta + (uint64_t)t * sizeof(float), &s, sizeof s);
 }
 
 static void fp8_block_get(const kv_geom_t *g, const uint8_t *blk, uint32_t t, float *x)
 {
     uint64_t d = g->head_dim;
     float s;
-    memcpy(&s, blk + kv_block_meta_offset(g, KV_FMT_FP8) + (uint64_t)t * sizeof(float), sizeof s);
+    uint64_t meta = kv_block_meta_offset(g, KV_FMT_FP8, KV_KIND_K); /* the same for K and V */
+    memcpy(&s, blk + meta + (uint64_t)t * sizeof(float), sizeof s);
     kv_fp8_decode_row(g->head_dim, blk + t * d, s, x);
 }
 
-static uint64_t tq3_row_words(const kv_geom_t *g)
+/* The run of units holding token t's codes in a TQ3 block of kind: first unit, unit count and
+ * the token's index inside the run (what kv_tq3_get/set see as t when given the run). */
+typedef struct tq3_run_s {
+    uint64_t first;
+    uint32_t units;
+    uint32_t t;
+} tq3_run_t;
+
+static tq3_run_t tq3_run(const kv_geom_t *g, int kind, uint32_t t)
 {
-    return (uint64_t)(g->head_dim / 32) * 3;
+    tq3_run_t r;
+    if (kind == KV_KIND_K) {
+        r.units = g->head_dim / 32;
+        r.first = (uint64_t)t * r.units;
+        r.t = 0;
+    } else {
+        r.units = g->head_dim / 16;
+        r.first = (uint64_t)(t / 2) * r.units;
+        r.t = t % 2;
+    }
+    return r;
 }
 
-/* TQ3 planes and FP16 metadata are copied through aligned locals (see the note above). */
+#define TQ3_RUN_MAX_WORDS (KV_MAX_HEAD_DIM / 16 * KV_TQ3_UNIT_WORDS)
+
+/* Units and FP16 metadata are copied through aligned locals (see the note above). */
 static void tq3_block_put(const kv_geom_t *g, int kind, uint8_t *blk, uint32_t t, const float *x)
 {
-    uint32_t planes[KV_MAX_HEAD_DIM / 32 * 3];
-    uint64_t w = tq3_row_words(g), meta = kv_block_meta_offset(g, KV_FMT_TQ3);
+    uint32_t words[TQ3_RUN_MAX_WORDS];
+    uint8_t codes[KV_MAX_HEAD_DIM];
+    uint64_t meta = kv_block_meta_offset(g, KV_FMT_TQ3, kind);
+    tq3_run_t r = tq3_run(g, kind, t);
+    uint64_t at = r.first * KV_TQ3_UNIT_WORDS * sizeof(uint32_t);
+    size_t len = (size_t)r.units * KV_TQ3_UNIT_WORDS * sizeof(uint32_t);
     uint16_t a, b;
     if (kind == KV_KIND_K) {
-        kv_tq3_encode_key(g->seed, g->head_dim, x, planes, &a);
+        kv_tq3_encode_key(g->seed, g->head_dim, x, codes, &a);
         memcpy(blk + meta + (uint64_t)t * 2, &a, 2);
     } else {
-        kv_tq3_encode_value(g->seed, g->head_dim, x, planes, &a, &b);
+        kv_tq3_encode_value(g->seed, g->head_dim, x, codes, &a, &b);
         memcpy(blk + meta + (uint64_t)t * 2, &a, 2);
         memcpy(blk + meta + (uint64_t)g->page_tokens * 2 + (uint64_t)t * 2, &b, 2);
     }
-    memcpy(blk + t * w * 4, planes, (size_t)(w * 4));
+    memcpy(words, blk + at, len);
+    for (uint32_t i = 0; i < g->head_dim; i++)
+        kv_tq3_set(words, kind, g->head_dim, r.t, i, codes[i]);
+    memcpy(blk + at, words, len);
 }
 
 static void tq3_block_get(const kv_geom_t *g, int kind, const uint8_t *blk, uint32_t t, float *x)
 {
-    uint32_t planes[KV_MAX_HEAD_DIM / 32 * 3];
-    uint64_t w = tq3_row_words(g), meta = kv_block_meta_offset(g, KV_FMT_TQ3);
+    uint32_t words[TQ3_RUN_MAX_WORDS];
+    uint8_t codes[KV_MAX_HEAD_DIM];
+    uint64_t meta = kv_block_meta_offset(g, KV_FMT_TQ3, kind);
+    tq3_run_t r = tq3_run(g, kind, t);
     uint16_t a, b;
-    memcpy(planes, blk + t * w * 4, (size_t)(w * 4));
+    memcpy(words, blk + r.first * KV_TQ3_UNIT_WORDS * sizeof(uint32_t),
+           (size_t)r.units * KV_TQ3_UNIT_WORDS * sizeof(uint32_t));
+    for (uint32_t i = 0; i < g->head_dim; i++)
+        codes[i] = (uint8_t)kv_tq3_get(words, kind, g->head_dim, r.t, i);
     memcpy(&a, blk + meta + (uint64_t)t * 2, 2);
     if (kind == KV_KIND_K) {
-        kv_tq3_decode_key(g->seed, g->head_dim, planes, a, x);
+        kv_tq3_decode_key(g->seed, g->head_dim, codes, a, x);
     } else {
         memcpy(&b, blk + meta + (uint64_t)g->page_tokens * 2 + (uint64_t)t * 2, 2);
-        kv_tq3_decode_value(g->seed, g->head_dim, planes, a, b, x);
+        kv_tq3_decode_value(g->seed, g->head_dim, codes, a, b, x);
     }
 }
 
