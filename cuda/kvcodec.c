@@ -345,16 +345,16 @@ static void measure_gamma(uint32_t d, uint64_t seed, gamma_res_t *res)
     for (uint32_t n = 0; n < nkeys; n++) {
         const float *x = k + (uint64_t)n * d;
         float y[KV_MAX_HEAD_DIM], ch[KV_MAX_HEAD_DIM];
-        uint32_t planes[KV_MAX_HEAD_DIM / 32 * 3];
+        uint8_t codes[KV_MAX_HEAD_DIM];
         uint16_t shipped;
-        kv_tq3_encode_key(seed, d, x, planes, &shipped);
+        kv_tq3_encode_key(seed, d, x, codes, &shipped);
         kv_rot_forward(seed, d, x, y);
         double nn = 0, beta = 0, c2 = 0;
         for (uint32_t i = 0; i < d; i++)
             nn += (double)x[i] * x[i];
         nn = sqrt(nn);
         for (uint32_t i = 0; i < d; i++) {
-            ch[i] = cent[kv_tq3_code_get(planes, i)] / sqrtf((float)d);
+            ch[i] = cent[codes[i]] / sqrtf((float)d);
             beta += y[i] / nn * ch[i];
             c2 += (double)ch[i] * ch[i];
         }
@@ -362,7 +362,7 @@ static void measure_gamma(uint32_t d, uint64_t seed, gamma_res_t *res)
         for (int m = 0; m < GAMMA_N; m++) {
             uint16_t h16 = kv_half_from_float((float)gm[m]);
             match[m] += h16 == shipped;
-            kv_tq3_decode_key(seed, d, planes, h16, kh[m] + (uint64_t)n * d);
+            kv_tq3_decode_key(seed, d, codes, h16, kh[m] + (uint64_t)n * d);
             for (uint32_t i = 0; i < d; i++) {
                 double e = (double)x[i] - kh[m][(uint64_t)n * d + i];
                 kerr[m] += e * e;
