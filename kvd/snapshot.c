@@ -203,8 +203,12 @@ static int snap_header_check(const uint8_t *h, uint64_t size, const kvd_snap_ide
         return KV_ERR_GEOMETRY_MISMATCH;
     }
     if (get32(h + 20) != KVD_SNAP_LAYOUT_VERSION) {
-        kvd_fmt(err, errlen, "page layout version %u, this kvd uses version %u", get32(h + 20),
-                KVD_SNAP_LAYOUT_VERSION);
+        /* Pages of another layout would decode to garbage (version 1 → 2 moved every TQ3 code),
+         * and converting them is not worth the code: the cache refills. */
+        kvd_fmt(err, errlen,
+                "page layout version %u, this kvd uses version %u (docs/formats.md): its pages "
+                "cannot be read; the cache starts without them",
+                get32(h + 20), KVD_SNAP_LAYOUT_VERSION);
         return KV_ERR_GEOMETRY_MISMATCH;
     }
     const kv_geom_t *g = &want->geom;

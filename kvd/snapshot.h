@@ -37,14 +37,16 @@
 #include <stdint.h>
 
 #include "core.h"
+#include "kv_format.h"
 
 /* Versions in the header; each mismatch refuses a file with its own reason. FORMAT: this
  * file's layout (snapshot.c). HASH: the chain hash, BLAKE2b-256(salt || prev || tokens u32 LE
  * || extra) (docs/core.md). LAYOUT: the FP8/TQ3 page layouts of cuda/kv_format.h and the TQ3
- * codebook. Bump the one whose meaning changes. */
+ * codebook — kv_format.h owns that number (KV_LAYOUT_VERSION, bumped with the layouts), so a
+ * layout change cannot forget the snapshot. Bump the one whose meaning changes. */
 #define KVD_SNAP_FORMAT_VERSION 1u
 #define KVD_SNAP_HASH_VERSION   1u
-#define KVD_SNAP_LAYOUT_VERSION 1u
+#define KVD_SNAP_LAYOUT_VERSION KV_LAYOUT_VERSION
 #define KVD_SNAP_HEADER_BYTES   160u
 #define KVD_SNAP_RECORD_BYTES   64u /* record header; the page's bytes follow */
 #define KVD_SNAP_ID_BYTES       16u

@@ -394,6 +394,14 @@ static void test_parser_refuses(void **state)
     b[20] = 9;
     fix_hdr_crc(b);
     expect_bad(b, len, &id, KV_ERR_GEOMETRY_MISMATCH, "page layout version 9");
+    /* a snapshot of the previous layout (1: TQ3 bit planes, Lloyd–Max keys) is refused too */
+    RESET();
+    b[20] = (uint8_t)(KV_LAYOUT_VERSION - 1);
+    fix_hdr_crc(b);
+    char why[96];
+    snprintf(why, sizeof why, "page layout version %u, this kvd uses version %u",
+             KV_LAYOUT_VERSION - 1, KV_LAYOUT_VERSION);
+    expect_bad(b, len, &id, KV_ERR_GEOMETRY_MISMATCH, why);
     /* identity: geometry, seed, page bytes, namespace, salt of the loading daemon differ */
     kvd_snap_ident_t other = id;
     other.geom.head_dim = 128;
