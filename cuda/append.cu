@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kAppendWarps * 32)
                 ((uint32_t)c[i + 3] << 24);
     }
 
-    const uint64_t meta = kv_block_meta_offset(&g, KV_FMT_FP8);
+    const uint64_t meta = kv_block_meta_offset(&g, KV_FMT_FP8, KV_KIND_K); /* FP8: same for K and V */
     if (lane == 0)
         *reinterpret_cast<float *>(blk + meta + (uint64_t)slot * sizeof(float)) = s;
     /* block tail and (for the last block of the last layer) page tail padding */
