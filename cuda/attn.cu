@@ -55,12 +55,21 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kPageBatch = kThreads; /* directory entries compacted per round */
 constexpr int kMaxGroup = 8;         /* query heads per block */
-constexpr int kLutEntries = 4096;
-constexpr size_t kLutBytes = 2 * kLutEntries * sizeof(uint2); /* K and V tables */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-__constant__ float c_centroid[KV_TQ3_LEVELS] = KV_TQ3_CENTROIDS_INIT;
+/* TQ3 operands (layout 2, kv_format.h). A unit's pair becomes the f16x2 (1 + c_lo/8,
+ * 1 + c_hi/8), exact; the kernels fold the affine maps around the MMA:
+ *   K: level C(c) = Δ(c − 3.5) = 8Δ(x − kTq3Mid), so q̃·C = 8Δ(Σ q̃ x − kTq3Mid Σ q̃): 8Δ goes
+ *      into the per-token factor with γ, kTq3Mid·Σ q̃ is one per-head constant computed from
+ *      the same FP16 query operands the MMA reads, so the subtraction adds no rounding of its
+ *      own beyond fp32.
+ *   V: s·c + z = 8s(x − kTq3Mid) + (z + 3.5s). P' = FP16(p · 8s · F) enters the MMA; the
+ *      kernel accumulates Σ P' per head from the SAME rounded P' and subtracts kTq3Mid · Σ P'
+ *      at the end, so the P' rounding multiplies |x − kTq3Mid| ≤ 0.4375 (layout 1 put the codes
+ *      0..7 in the MMA with P' = p·s: twice that error); z + 3.5s is carried in fp32. */
+constexpr float kTq3Mid = 1.4375f; /* 1 + 3.5/8: the operand value of the grid's centre */
+constexpr float kTq3KeyStep8 = 8.0f * KV_TQ3_KEY_STEP;
 
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1)
@@ -89,10 +98,34 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
     return __byte_perm(a, b, sel);
 }
 
-__device__ __forceinline__ uint32_t lut_index(uint32_t w0, uint32_t w1, uint32_t w2, int nib)
+/* The 16 pairs of a TQ3 unit (words w0..w2) as f16x2 operands (1 + c_lo/8, 1 + c_hi/8):
+ * pair p < 15 is one shift and one LOP3 — the shift by 7 − 3(p%5) puts the low code at bits
+ * 7..9 (the top of an FP16 mantissa) and the high code at 23..25, the LOP3 masks them and ORs
+ * the exponent of 1.0; pair 15 gathers its bits from bit 15 / 31 of the three words. */
+__device__ __forceinline__ uint32_t tq3_h2(uint32_t x)
 {
-    return ((w0 >> (4 * nib)) & 15u) | (((w1 >> (4 * nib)) & 15u) << 4) |
-           (((w2 >> (4 * nib)) & 15u) << 8);
+    return (x & 0x03800380u) | 0x3C003C00u;
+}
+__device__ __forceinline__ void tq3_unit(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t (&h)[16])
+{
+    const uint32_t w[3] = {w0, w1, w2};
+#pragma unroll
+    for (int k = 0; k < 3; k++) {
+        h[5 * k + 0] = tq3_h2(w[k] << 7);
+        h[5 * k + 1] = tq3_h2(w[k] << 4);
+        h[5 * k + 2] = tq3_h2(w[k] << 1);
+        h[5 * k + 3] = tq3_h2(w[k] >> 2);
+        h[5 * k + 4] = tq3_h2(w[k] >> 5);
+    }
+    const uint32_t ab = ((w0 >> 8) & 0x00800080u) | ((w1 >> 7) & ~0x00800080u);
+    h[15] = tq3_h2((ab & 0x01800180u) | ((w2 >> 6) & ~0x01800180u));
+}
+/* Σ of the four FP16 query operands a lane holds for one k-step, in fp32 */
+__device__ __forceinline__ float h2sum(uint32_t a, uint32_t b)
+{
+    const float2 x = __half22float2(*reinterpret_cast<const __half2 *>(&a));
+    const float2 y = __half22float2(*reinterpret_cast<const __half2 *>(&b));
+    return (x.x + x.y) + (y.x + y.y);
 }
 
 __device__ __forceinline__ float half_bits(uint16_t b)
@@ -158,11 +191,6 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
     const uint32_t p0 = min((uint64_t)split * chunk, (uint64_t)live_pages);
     const uint32_t p1 = min((uint64_t)p0 + chunk, (uint64_t)live_pages);
 
-    /* ---- tables (TQ3), built on the first round that finds a page of this format ---- */
-    uint2 *lut_k = reinterpret_cast<uint2 *>(smem);
-    uint2 *lut_v = lut_k + kLutEntries;
-    bool lut_ready = FMT != KV_FMT_TQ3;
-
     /* ---- query: (rotated for TQ3) and scaled so that S comes out in log2 units ---- */
     for (uint32_t i = tid; i < kMaxGroup * D; i += kThreads) {
         const uint32_t h = i / D, x = i % D;
@@ -190,17 +218,23 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
         qf *= 1.0f / (float)D; /* R's 1/sqrt(d) and the centroids' 1/sqrt(d) */
     }
     uint32_t qa[KS][2];
+    float qsum = 0.0f; /* TQ3: Σ of head g8's FP16 query operands (kTq3Mid term) */
 #pragma unroll
     for (int st = 0; st < KS; st++) {
         const uint32_t c = 4u * ((st / R) * 4 * R + t4 * R + st % R);
         qa[st][0] = pack_half2(s_q[g8][c] * qf, s_q[g8][c + 1] * qf);
         qa[st][1] = pack_half2(s_q[g8][c + 2] * qf, s_q[g8][c + 3] * qf);
+        qsum += h2sum(qa[st][0], qa[st][1]);
     }
+    qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);
+    qsum += __shfl_xor_sync(0xffffffffu, qsum, 2);
+    const float kcorr = kTq3Mid * qsum;
 
     const uint64_t page_bytes = kv_page_bytes(&geo, (kv_fmt_t)FMT);
     const uint64_t koff = kv_block_offset(&geo, (kv_fmt_t)FMT, a.layer, KV_KIND_K, kvh);
     const uint64_t voff = kv_block_offset(&geo, (kv_fmt_t)FMT, a.layer, KV_KIND_V, kvh);
-    const uint64_t moff = kv_block_meta_offset(&geo, (kv_fmt_t)FMT);
+    const uint64_t kmoff = kv_block_meta_offset(&geo, (kv_fmt_t)FMT, KV_KIND_K);
+    const uint64_t vmoff = kv_block_meta_offset(&geo, (kv_fmt_t)FMT, KV_KIND_V);
     const uint8_t *pool = a.pools.base[FMT];
     const float rcp_pt = 1.0f / (float)pt;
 
@@ -208,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
 #pragma unroll
     for (int i = 0; i < KS; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float m_run = -INFINITY, l_part = 0.0f, z_part = 0.0f, F = 0.0f;
+    float m_run = -INFINITY, l_part = 0.0f, z_part = 0.0f, c_part = 0.0f, F = 0.0f;
 
     for (uint32_t pb = p0; pb < p1; pb += kPageBatch) {
         /* ---- compact this round's pages of format FMT into smem ---- */
@@ -239,21 +273,6 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
             const uint32_t pos = before + __popc(bal & ((1u << lane) - 1u));
             s_phys[pos] = phys;
             s_ntok[pos] = ntok;
-        }
-        if (!lut_ready && cnt > 0) { /* cnt is block-uniform */
-            for (uint32_t i = tid; i < kLutEntries; i += kThreads) {
-                uint32_t hk[4], hv[4];
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const uint32_t c = ((i >> j) & 1u) | (((i >> (4 + j)) & 1u) << 1) |
-                                       (((i >> (8 + j)) & 1u) << 2);
-                    hk[j] = __half_as_ushort(__float2half_rn(c_centroid[c]));
-                    hv[j] = __half_as_ushort(__float2half_rn((float)c));
-                }
-                lut_k[i] = make_uint2(hk[0] | (hk[1] << 16), hk[2] | (hk[3] << 16));
-                lut_v[i] = make_uint2(hv[0] | (hv[1] << 16), hv[2] | (hv[3] << 16));
-            }
-            lut_ready = true;
         }
         __syncthreads();
 
@@ -288,15 +307,18 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
             for (int j = 0; j < 4; j++) {
                 kfac[j] = vsc[j] = vz[j] = 0.0f;
                 if (tv[j].page) {
-                    const uint8_t *km = tv[j].page + koff + moff;
-                    const uint8_t *vm = tv[j].page + voff + moff;
+                    const uint8_t *km = tv[j].page + koff + kmoff;
+                    const uint8_t *vm = tv[j].page + voff + vmoff;
                     if (FMT == KV_FMT_FP8) {
                         kfac[j] = reinterpret_cast<const float *>(km)[tv[j].slot];
                         vsc[j] = reinterpret_cast<const float *>(vm)[tv[j].slot];
-                    } else {
-                        kfac[j] = half_bits(reinterpret_cast<const uint16_t *>(km)[tv[j].slot]);
-                        vsc[j] = half_bits(reinterpret_cast<const uint16_t *>(vm)[tv[j].slot]);
-                        vz[j] = half_bits(reinterpret_cast<const uint16_t *>(vm)[pt + tv[j].slot]);
+                    } else { /* the operand forms of the TQ3 maps (kTq3Mid above) */
+                        const float sc = half_bits(reinterpret_cast<const uint16_t *>(vm)[tv[j].slot]);
+                        kfac[j] = kTq3KeyStep8 *
+                                  half_bits(reinterpret_cast<const uint16_t *>(km)[tv[j].slot]);
+                        vsc[j] = 8.0f * sc;
+                        vz[j] = half_bits(reinterpret_cast<const uint16_t *>(vm)[pt + tv[j].slot]) +
+                                3.5f * sc;
                     }
                 }
             }
@@ -336,28 +358,31 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
                         kb[st][0] = fp8x2_to_h2(kw[st] & 0xffffu);
                         kb[st][1] = fp8x2_to_h2(kw[st] >> 16);
                     }
-                } else {
-                    constexpr int NG = D == 64 ? 1 : D / 128; /* groups per lane */
-                    uint32_t w[NG][3];
+                } else { /* K units t4 (+ 4·gi) of the token; d = 64: half t4 & 1 of unit t4/2 */
+                    constexpr int NG = D == 64 ? 1 : D / 128; /* units per lane */
 #pragma unroll
                     for (int gi = 0; gi < NG; gi++) {
-                        w[gi][0] = w[gi][1] = w[gi][2] = 0u;
+                        uint32_t w0 = 0u, w1 = 0u, w2 = 0u;
                         if (tk[nt].page) {
                             const uint32_t grp = D == 64 ? (t4 >> 1) : t4 + 4 * gi;
                             const uint32_t *wp = reinterpret_cast<const uint32_t *>(
                                                      tk[nt].page + koff) +
                                                  ((uint64_t)tk[nt].slot * (D / 32) + grp) * 3;
-                            w[gi][0] = wp[0], w[gi][1] = wp[1], w[gi][2] = wp[2];
+                            w0 = wp[0], w1 = wp[1], w2 = wp[2];
                         }
-                    }
+                        uint32_t h[16];
+                        tq3_unit(w0, w1, w2, h);
+                        constexpr int SPU = D == 64 ? KS : 8; /* k-steps per unit */
 #pragma unroll
-                    for (int st = 0; st < KS; st++) {
-                        const int gi = D == 64 ? 0 : st / 8;
-                        const int nib = D == 64 ? 4 * (int)(t4 & 1u) + st : st % 8;
-                        const uint2 e =
-                            lut_k[lut_index(w[gi][0], w[gi][1], w[gi][2], nib)];
-                        kb[st][0] = e.x;
-                        kb[st][1] = e.y;
+                        for (int j = 0; j < SPU; j++) {
+                            if (D == 64) {
+                                kb[j][0] = (t4 & 1u) ? h[8 + 2 * j] : h[2 * j];
+                                kb[j][1] = (t4 & 1u) ? h[9 + 2 * j] : h[2 * j + 1];
+                            } else {
+                                kb[gi * SPU + j][0] = h[2 * j];
+                                kb[gi * SPU + j][1] = h[2 * j + 1];
+                            }
+                        }
                     }
                 }
 #pragma unroll
@@ -370,6 +395,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
             float tmax = -INFINITY;
 #pragma unroll
             for (int j = 0; j < 4; j++) {
+                if (FMT == KV_FMT_TQ3)
+                    sv[j] -= kcorr;
                 sv[j] = tv[j].page ? sv[j] * kfac[j] : -INFINITY;
                 tmax = fmaxf(tmax, sv[j]);
             }
@@ -408,6 +435,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
             }
             const uint32_t pb0 = pack_half2(pr[0] * vsc[0] * F, pr[1] * vsc[1] * F);
             const uint32_t pb1 = pack_half2(pr[2] * vsc[2] * F, pr[3] * vsc[3] * F);
+            if (FMT == KV_FMT_TQ3) /* Σ P' of head g8 from the rounded operands */
+                c_part = c_part * alpha + h2sum(pb0, pb1);
 
             /* ---- Oᵀ += Vᵀ Pᵀ ---- */
             uint32_t va[KS][4];
@@ -448,31 +477,45 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
                     }
                 }
             } else {
-                const uint32_t grp = (g8 * (D / 8)) / 32;
-                const int nib0 = (int)((g8 * (D / 8)) % 32) / 4;
-                uint32_t w[4][3];
+                /* the lane's coordinates (D/8)·g8 + 2i + r/8 (m-tile i, row r) are pairs of the V
+                 * units (D/8)·g8/16 … of a token pair. The tile's tokens 2t, 2t+1 need not be a
+                 * stored pair (tiles cross pages here), so each sits in the low or high half of
+                 * its own unit (slot parity): PRMT merges the two units' words into one whose
+                 * low codes are token A's and high codes token B's, decoded once */
+                constexpr int NU = D == 256 ? 2 : 1; /* units per lane and token pair */
+                constexpr int MPU = D == 64 ? KS : 8; /* m-tiles per unit */
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    w[j][0] = w[j][1] = w[j][2] = 0u;
-                    if (tv[j].page) {
-                        const uint32_t *wp =
-                            reinterpret_cast<const uint32_t *>(tv[j].page + voff) +
-                            ((uint64_t)tv[j].slot * (D / 32) + grp) * 3;
-                        w[j][0] = wp[0], w[j][1] = wp[1], w[j][2] = wp[2];
-                    }
-                }
+                for (int hp = 0; hp < 2; hp++) {
+                    const TokRef &A = tv[2 * hp], &B = tv[2 * hp + 1];
+                    const uint32_t sel =
+                        ((A.slot & 1u) ? 0x32u : 0x10u) | ((B.slot & 1u) ? 0x7600u : 0x5400u);
 #pragma unroll
-                for (int c = 0; c < NC; c++) {
+                    for (int nu = 0; nu < NU; nu++) {
+                        const uint32_t q = D == 64 ? g8 / 2 : (D / 128) * g8 + nu;
+                        uint32_t wa[3] = {0u, 0u, 0u}, wb[3] = {0u, 0u, 0u};
+                        if (A.page) {
+                            const uint32_t *wp = reinterpret_cast<const uint32_t *>(A.page + voff) +
+                                                 ((uint64_t)(A.slot / 2) * (D / 16) + q) * 3;
+                            wa[0] = wp[0], wa[1] = wp[1], wa[2] = wp[2];
+                        }
+                        if (B.page) {
+                            const uint32_t *wp = reinterpret_cast<const uint32_t *>(B.page + voff) +
+                                                 ((uint64_t)(B.slot / 2) * (D / 16) + q) * 3;
+                            wb[0] = wp[0], wb[1] = wp[1], wb[2] = wp[2];
+                        }
+                        uint32_t h[16];
+                        tq3_unit(prmt(wa[0], wb[0], sel), prmt(wa[1], wb[1], sel),
+                                 prmt(wa[2], wb[2], sel), h);
 #pragma unroll
-                    for (int hp = 0; hp < 2; hp++) {
-                        const uint2 eA = lut_v[lut_index(w[2 * hp][0], w[2 * hp][1],
-                                                         w[2 * hp][2], nib0 + c)];
-                        const uint2 eB = lut_v[lut_index(w[2 * hp + 1][0], w[2 * hp + 1][1],
-                                                         w[2 * hp + 1][2], nib0 + c)];
-                        va[2 * c][2 * hp + 0] = prmt(eA.x, eB.x, 0x5410);
-                        va[2 * c][2 * hp + 1] = prmt(eA.x, eB.x, 0x7632);
-                        va[2 * c + 1][2 * hp + 0] = prmt(eA.y, eB.y, 0x5410);
-                        va[2 * c + 1][2 * hp + 1] = prmt(eA.y, eB.y, 0x7632);
+                        for (int j = 0; j < MPU; j++) {
+                            if (D == 64) {
+                                va[j][2 * hp + 0] = (g8 & 1u) ? h[8 + 2 * j] : h[2 * j];
+                                va[j][2 * hp + 1] = (g8 & 1u) ? h[9 + 2 * j] : h[2 * j + 1];
+                            } else {
+                                va[nu * MPU + j][2 * hp + 0] = h[2 * j];
+                                va[nu * MPU + j][2 * hp + 1] = h[2 * j + 1];
+                            }
+                        }
                     }
                 }
             }
@@ -488,7 +531,12 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
     l_part += __shfl_xor_sync(0xffffffffu, l_part, 2);
     z_part += __shfl_xor_sync(0xffffffffu, z_part, 1);
     z_part += __shfl_xor_sync(0xffffffffu, z_part, 2);
-    __syncthreads(); /* every warp is done with the tables that s_o overlays */
+    c_part += __shfl_xor_sync(0xffffffffu, c_part, 1);
+    c_part += __shfl_xor_sync(0xffffffffu, c_part, 2);
+    /* o's columns are heads 2t, 2t+1; their Σ P' lives in lanes 8t and 8t + 4 */
+    const float cA = kTq3Mid * __shfl_sync(0xffffffffu, c_part, 8 * t4);
+    const float cB = kTq3Mid * __shfl_sync(0xffffffffu, c_part, 8 * t4 + 4);
+    __syncthreads(); /* every warp is done with the smem that s_o overlays */
     float *s_o = reinterpret_cast<float *>(smem); /* [kWarps][kMaxGroup][D] */
     if (t4 == 0) {
         s_m[warp][g8] = m_run;
@@ -502,8 +550,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
         for (int hr = 0; hr < 2; hr++) {
             const uint32_t x = 4u * (g8 * (D / 32) + i / 2) + 2u * (i % 2) + hr;
             float *base = s_o + ((size_t)warp * kMaxGroup) * D;
-            base[(2 * t4) * D + x] = o[i][2 * hr] * invF;
-            base[(2 * t4 + 1) * D + x] = o[i][2 * hr + 1] * invF;
+            base[(2 * t4) * D + x] = (o[i][2 * hr] - (FMT == KV_FMT_TQ3 ? cA : 0.0f)) * invF;
+            base[(2 * t4 + 1) * D + x] = (o[i][2 * hr + 1] - (FMT == KV_FMT_TQ3 ? cB : 0.0f)) * invF;
         }
     }
     __syncthreads();
@@ -589,7 +637,6 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
  */
 constexpr int kFWarps = 4;
 constexpr int kFThreads = kFWarps * 32;
-constexpr int kLutKWords = 64 * 32;
 
 template <int D> struct FastCfg {
     static constexpr uint32_t kStage8 = 32u * D + 128u; /* K codes, K scales, V codes, V scales */
@@ -634,65 +681,6 @@ __device__ __forceinline__ uint32_t movmatrix_t(uint32_t x)
     uint32_t r;
     asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
     return r;
-}
-
-__host__ __device__ constexpr uint32_t rotl_c(uint32_t x, int n)
-{
-    return n % 32 == 0 ? x : (x << (n % 32)) | (x >> (32 - n % 32));
-}
-__device__ __forceinline__ uint32_t rotr(uint32_t x, int n)
-{
-    return __funnelshift_r(x, x, (unsigned)n);
-}
-
-/* Plane regrouping (v3). Extracting a 3-bit code from three plane words costs 3 shifts and 3
- * masks per code; regrouping the planes ONCE per token (pair) into words where the bits of one
- * code (pair) sit next to each other makes every extraction one rotate and one mask.
- *
- * V: T0..T2 hold the planes of 16 coordinates of token A (bits 0-15) and B (bits 16-31).
- * With U1 = rotl(T1, 1), U2 = rotl(T2, 2), the code bits of coordinate x sit at x, x+1, x+2
- * (A) and x+16 … x+18 (B); the coordinates x ≡ k (mod 4) do not overlap, so word z[k] takes
- * T0 at 0x11111111 << k, U1 at the next bit and U2 at the one after.
- * K: one token, 32 coordinates; the 6 bits of coordinate pair (x, x+1) are w0 at x, x+1,
- * rotl(w1, 2) at x+2, x+3, rotl(w2, 4) at x+4, x+5; pairs x/2 ≡ k (mod 4) share word z[k].
- * Bits outside the wanted fields are garbage and masked off at extraction. */
-__device__ __forceinline__ void tq3_vgroup(uint32_t T0, uint32_t T1, uint32_t T2, uint32_t (&z)[4])
-{
-    const uint32_t U1 = __funnelshift_l(T1, T1, 1u);
-    const uint32_t U2 = __funnelshift_l(T2, T2, 2u);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const uint32_t ma = 0x11111111u << k, mab = ma | rotl_c(ma, 1);
-        const uint32_t t = (T0 & ma) | (U1 & ~ma);
-        z[k] = (t & mab) | (U2 & ~mab);
-    }
-}
-/* f16x2 (code of A, code of B) at coordinate x: 1024 + code is 0x6400 | code, exact */
-__device__ __forceinline__ uint32_t tq3_vpair(const uint32_t (&z)[4], int x)
-{
-    const uint32_t r = (rotr(z[x & 3], x) & 0x00070007u) | 0x64006400u;
-    const __half2 h = __hsub2(*reinterpret_cast<const __half2 *>(&r),
-                              __half2half2(__ushort_as_half(0x6400)));
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-__device__ __forceinline__ void tq3_kgroup(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t (&z)[4])
-{
-    const uint32_t v1 = __funnelshift_l(w1, w1, 2u), v2 = __funnelshift_l(w2, w2, 4u);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const uint32_t m0 = rotl_c(0x03030303u, 2 * k), m01 = rotl_c(0x0F0F0F0Fu, 2 * k);
-        const uint32_t t = (w0 & m0) | (v1 & ~m0);
-        z[k] = (t & m01) | (v2 & ~m01);
-    }
-}
-/* table entry of the coordinate pair (x, x+1), x even: byte offset index · 128 + lane · 4 into
- * the per-lane replicated table (one OR: the two fields do not overlap; the block-uniform
- * table base stays a separate addend the load folds into its address) */
-__device__ __forceinline__ uint32_t tq3_kpair(const uint32_t (&z)[4], const uint32_t *lut,
-                                              uint32_t lane4, int x)
-{
-    const uint32_t off = (rotr(z[(x >> 1) & 3], (x + 25) & 31) & (63u << 7)) | lane4;
-    return *reinterpret_cast<const uint32_t *>(reinterpret_cast<const uint8_t *>(lut) + off);
 }
 
 struct FastBlock {
@@ -740,7 +728,6 @@ template <int D> struct FastSmem {
     float (*l)[kMaxGroup];
     float (*z)[kMaxGroup];
     uint32_t (*tn)[8];
-    uint32_t *lutk;
     uint8_t *buf;
 };
 
@@ -788,7 +775,8 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     const uint64_t page_bytes = kv_page_bytes(&geo, (kv_fmt_t)FMT);
     const uint64_t koff = kv_block_offset(&geo, (kv_fmt_t)FMT, a.layer, KV_KIND_K, bk.kvh);
     const uint64_t voff = kv_block_offset(&geo, (kv_fmt_t)FMT, a.layer, KV_KIND_V, bk.kvh);
-    const uint64_t moff = kv_block_meta_offset(&geo, (kv_fmt_t)FMT);
+    const uint64_t kmoff = kv_block_meta_offset(&geo, (kv_fmt_t)FMT, KV_KIND_K);
+    const uint64_t vmoff = kv_block_meta_offset(&geo, (kv_fmt_t)FMT, KV_KIND_V);
     const uint8_t *pool = a.pools.base[FMT];
     uint8_t *ring = sm.buf + (size_t)warp * C::kWarpBuf;
 
@@ -844,16 +832,16 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
             const uint8_t *pg = pool + (uint64_t)phys * page_bytes;
             if (FMT == KV_FMT_FP8) {
                 cp_seg(st, pg + koff + (uint64_t)tok0 * D, 16u * D, lane);
-                cp_seg(st + 16 * D, pg + koff + moff + 4ull * tok0, 64u, lane);
+                cp_seg(st + 16 * D, pg + koff + kmoff + 4ull * tok0, 64u, lane);
                 cp_seg(st + 16 * D + 64, pg + voff + (uint64_t)tok0 * D, 16u * D, lane);
-                cp_seg(st + 32 * D + 64, pg + voff + moff + 4ull * tok0, 64u, lane);
-            } else {
+                cp_seg(st + 32 * D + 64, pg + voff + vmoff + 4ull * tok0, 64u, lane);
+            } else { /* K units of tokens tok0…, V units of pairs tok0/2… (tok0 even) */
                 const uint64_t cb = (uint64_t)tok0 * (D / 32) * 12u;
                 cp_seg(st, pg + koff + cb, 6u * D, lane);
-                cp_seg(st + 6 * D, pg + koff + moff + 2ull * tok0, 32u, lane);
+                cp_seg(st + 6 * D, pg + koff + kmoff + 2ull * tok0, 32u, lane);
                 cp_seg(st + 6 * D + 32, pg + voff + cb, 6u * D, lane);
-                cp_seg(st + 12 * D + 32, pg + voff + moff + 2ull * tok0, 32u, lane);
-                cp_seg(st + 12 * D + 64, pg + voff + moff + 2ull * pt + 2ull * tok0, 32u, lane);
+                cp_seg(st + 12 * D + 32, pg + voff + vmoff + 2ull * tok0, 32u, lane);
+                cp_seg(st + 12 * D + 64, pg + voff + vmoff + 2ull * pt + 2ull * tok0, 32u, lane);
             }
         }
         cp_commit();
@@ -875,14 +863,6 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         }
         sm.q[h][x] = v;
     }
-    if (FMT == KV_FMT_TQ3) {
-        for (uint32_t i = tid; i < (uint32_t)kLutKWords; i += kFThreads) {
-            const uint32_t e = i >> 5;
-            const uint32_t clo = (e & 1u) | ((e >> 1) & 2u) | ((e >> 2) & 4u);
-            const uint32_t chi = ((e >> 1) & 1u) | ((e >> 2) & 2u) | ((e >> 3) & 4u);
-            sm.lutk[i] = pack_half2(c_centroid[clo], c_centroid[chi]);
-        }
-    }
     __syncthreads();
     float qf = a.sm_scale * kLog2e;
     if (FMT == KV_FMT_TQ3) {
@@ -897,6 +877,19 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         qa[st][0] = pack_half2(v.x * qf, v.y * qf);
         qa[st][1] = pack_half2(v.z * qf, v.w * qf);
     }
+    /* TQ3: kTq3Mid · Σ of each head's FP16 query operands (the key level's offset, attn.cu
+     * top); this lane holds head g8's, its S columns are heads 2t, 2t+1 (lanes 8t, 8t+4) */
+    float kc2[2] = {0.0f, 0.0f};
+    if (FMT == KV_FMT_TQ3) {
+        float qs = 0.0f;
+#pragma unroll
+        for (int st = 0; st < KS; st++)
+            qs += h2sum(qa[st][0], qa[st][1]);
+        qs += __shfl_xor_sync(0xffffffffu, qs, 1);
+        qs += __shfl_xor_sync(0xffffffffu, qs, 2);
+        kc2[0] = kTq3Mid * __shfl_sync(0xffffffffu, qs, 8 * t4);
+        kc2[1] = kTq3Mid * __shfl_sync(0xffffffffu, qs, 8 * t4 + 4);
+    }
 
     float o[KS][4];
 #pragma unroll
@@ -904,7 +897,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     /* per head 2t4 / 2t4+1 (uniform over g8); l and z are this lane's tokens' share */
     float m_run2[2] = {-INFINITY, -INFINITY}, l_part2[2] = {0.0f, 0.0f};
-    float z_part2[2] = {0.0f, 0.0f}, F = 0.0f;
+    float z_part2[2] = {0.0f, 0.0f}, c_part2[2] = {0.0f, 0.0f}, F = 0.0f;
 
     uint32_t head = 0;
     TRACE(2 + 3 * FMT);
@@ -928,10 +921,14 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                 if (FMT == KV_FMT_FP8) {
                     kfac[j] = reinterpret_cast<const float *>(st + 16 * D)[tk[j]];
                     vsc[j] = reinterpret_cast<const float *>(st + 32 * D + 64)[tk[j]];
-                } else {
-                    kfac[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 6 * D)[tk[j]]);
-                    vsc[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 32)[tk[j]]);
-                    vz[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 64)[tk[j]]);
+                } else { /* the operand forms of the TQ3 maps (kTq3Mid) */
+                    const float sc =
+                        half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 32)[tk[j]]);
+                    kfac[j] = kTq3KeyStep8 *
+                              half_bits(reinterpret_cast<const uint16_t *>(st + 6 * D)[tk[j]]);
+                    vsc[j] = 8.0f * sc;
+                    vz[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 64)[tk[j]]) +
+                            3.5f * sc;
                 }
             }
         }
@@ -966,26 +963,25 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                     kb[s2][0] = fp8x2_to_h2(kw[s2] & 0xffffu);
                     kb[s2][1] = fp8x2_to_h2(kw[s2] >> 16);
                 }
-            } else {
-                constexpr int NG = D == 64 ? 1 : D / 128;
-                const uint32_t lane4 = lane * 4u;
+            } else { /* K units t4 (+ 4·gi) of the token; d = 64: half t4 & 1 of unit t4/2 */
+                constexpr int NG = D == 64 ? 1 : D / 128; /* units per lane */
 #pragma unroll
                 for (int gi = 0; gi < NG; gi++) {
                     const uint32_t grp = D == 64 ? (t4 >> 1) : t4 + 4 * gi;
                     const uint32_t *wp =
                         reinterpret_cast<const uint32_t *>(st) + (tk[nt] * (D / 32) + grp) * 3;
-                    uint32_t w0 = wp[0], w1 = wp[1], w2 = wp[2];
-                    if (D == 64) { /* this lane's 16 coordinates are the group's half t4 & 1 */
-                        const uint32_t r = 16u * (t4 & 1u);
-                        w0 = rotr(w0, (int)r), w1 = rotr(w1, (int)r), w2 = rotr(w2, (int)r);
-                    }
-                    uint32_t z[4];
-                    tq3_kgroup(w0, w1, w2, z);
-                    constexpr int SPG = D == 64 ? KS : 8; /* k-steps per group */
+                    uint32_t h[16];
+                    tq3_unit(wp[0], wp[1], wp[2], h);
+                    constexpr int SPU = D == 64 ? KS : 8; /* k-steps per unit */
 #pragma unroll
-                    for (int j = 0; j < SPG; j++) {
-                        kb[gi * SPG + j][0] = tq3_kpair(z, sm.lutk, lane4, 4 * j);
-                        kb[gi * SPG + j][1] = tq3_kpair(z, sm.lutk, lane4, 4 * j + 2);
+                    for (int j = 0; j < SPU; j++) {
+                        if (D == 64) {
+                            kb[j][0] = (t4 & 1u) ? h[8 + 2 * j] : h[2 * j];
+                            kb[j][1] = (t4 & 1u) ? h[9 + 2 * j] : h[2 * j + 1];
+                        } else {
+                            kb[gi * SPU + j][0] = h[2 * j];
+                            kb[gi * SPU + j][1] = h[2 * j + 1];
+                        }
                     }
                 }
             }
@@ -1000,8 +996,8 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         float sv[2][2]; /* [token g8, g8 + 8][head 2t, 2t+1] */
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            sv[j][0] = tk[j] < n ? sT[2 * j] * kfac[j] : -INFINITY;
-            sv[j][1] = tk[j] < n ? sT[2 * j + 1] * kfac[j] : -INFINITY;
+            sv[j][0] = tk[j] < n ? (sT[2 * j] - kc2[0]) * kfac[j] : -INFINITY;
+            sv[j][1] = tk[j] < n ? (sT[2 * j + 1] - kc2[1]) * kfac[j] : -INFINITY;
         }
         float pr[2][2], alpha[2];
 #pragma unroll
@@ -1040,8 +1036,16 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         /* P'ᵀ in the accumulator layout (row = token, pair = heads 2t, 2t+1), two 8×8 blocks;
          * transposed in registers they are exactly the B fragments of PV (k = tokens 2t, 2t+1
          * and 2t+8, 2t+9, n = head g8) */
-        const uint32_t pb0 = movmatrix_t(pack_half2(pr[0][0] * vsc[0] * F, pr[0][1] * vsc[0] * F));
-        const uint32_t pb1 = movmatrix_t(pack_half2(pr[1][0] * vsc[1] * F, pr[1][1] * vsc[1] * F));
+        const uint32_t pp0 = pack_half2(pr[0][0] * vsc[0] * F, pr[0][1] * vsc[0] * F);
+        const uint32_t pp1 = pack_half2(pr[1][0] * vsc[1] * F, pr[1][1] * vsc[1] * F);
+        if (FMT == KV_FMT_TQ3) { /* Σ P' per head from the rounded operands (kTq3Mid) */
+            const float2 x0 = __half22float2(*reinterpret_cast<const __half2 *>(&pp0));
+            const float2 x1 = __half22float2(*reinterpret_cast<const __half2 *>(&pp1));
+            c_part2[0] = c_part2[0] * alpha[0] + (x0.x + x1.x);
+            c_part2[1] = c_part2[1] * alpha[1] + (x0.y + x1.y);
+        }
+        const uint32_t pb0 = movmatrix_t(pp0);
+        const uint32_t pb1 = movmatrix_t(pp1);
 
         /* ---- Oᵀ += Vᵀ Pᵀ ---- */
         uint32_t va[KS][4];
@@ -1081,37 +1085,28 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                 }
             }
         } else {
-            /* lane's coordinates: g8·D/8 … +D/8 − 1, i.e. bits cst … of group grp */
-            const uint32_t grp = (g8 * (D / 8)) / 32;
-            const uint32_t cst = (g8 * (D / 8)) % 32;
-            constexpr int NH = D == 256 ? 2 : 1; /* 16-bit halves of the group per lane */
+            /* the lane's coordinates (D/8)·g8 + 2i + r/8 (m-tile i, row r) are pairs of V unit
+             * (D/8)·g8/16 (+1 at d = 256) of token pairs t and t + 4 of the tile: tokens
+             * 2t, 2t+1 and 2t+8, 2t+9, exactly the A fragment's k order */
+            constexpr int NU = D == 256 ? 2 : 1;  /* units per lane and token pair */
+            constexpr int MPU = D == 64 ? KS : 8; /* m-tiles per unit */
 #pragma unroll
             for (int hp = 0; hp < 2; hp++) {
-                const uint32_t *wa = reinterpret_cast<const uint32_t *>(st + 6 * D + 32) +
-                                     (tv[2 * hp] * (D / 32) + grp) * 3;
-                const uint32_t *wb = reinterpret_cast<const uint32_t *>(st + 6 * D + 32) +
-                                     (tv[2 * hp + 1] * (D / 32) + grp) * 3;
-                const uint32_t a0 = wa[0], a1 = wa[1], a2 = wa[2];
-                const uint32_t b0 = wb[0], b1 = wb[1], b2 = wb[2];
 #pragma unroll
-                for (int hh = 0; hh < NH; hh++) {
-                    const uint32_t sel = (D == 256 ? hh : (cst >> 4)) ? 0x7632u : 0x5410u;
-                    uint32_t T0 = prmt(a0, b0, sel), T1 = prmt(a1, b1, sel),
-                             T2 = prmt(a2, b2, sel);
-                    if (D == 64) { /* 8 coordinates from bit cst % 16; bits 8-15 then hold B's
-                                      low coordinates, never extracted (x < 8) */
-                        T0 >>= (cst & 15u), T1 >>= (cst & 15u), T2 >>= (cst & 15u);
-                    }
-                    uint32_t z[4];
-                    tq3_vgroup(T0, T1, T2, z);
+                for (int nu = 0; nu < NU; nu++) {
+                    const uint32_t q = D == 64 ? g8 / 2 : (D / 128) * g8 + nu;
+                    const uint32_t *wp = reinterpret_cast<const uint32_t *>(st + 6 * D + 32) +
+                                         ((t4 + 4 * hp) * (D / 16) + q) * 3;
+                    uint32_t h[16];
+                    tq3_unit(wp[0], wp[1], wp[2], h);
 #pragma unroll
-                    for (int c = 0; c < NC / NH; c++) {
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int i = 2 * (c + hh * (NC / NH)) + e;
-                            const int x = 4 * c + 2 * e;
-                            va[i][2 * hp + 0] = tq3_vpair(z, x);
-                            va[i][2 * hp + 1] = tq3_vpair(z, x + 1);
+                    for (int j = 0; j < MPU; j++) {
+                        if (D == 64) {
+                            va[j][2 * hp + 0] = (g8 & 1u) ? h[8 + 2 * j] : h[2 * j];
+                            va[j][2 * hp + 1] = (g8 & 1u) ? h[9 + 2 * j] : h[2 * j + 1];
+                        } else {
+                            va[nu * MPU + j][2 * hp + 0] = h[2 * j];
+                            va[nu * MPU + j][2 * hp + 1] = h[2 * j + 1];
                         }
                     }
                 }
@@ -1132,6 +1127,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
 #pragma unroll
         for (int off = 4; off < 32; off <<= 1) {
             l_part2[hh] += __shfl_xor_sync(0xffffffffu, l_part2[hh], off);
+            c_part2[hh] += __shfl_xor_sync(0xffffffffu, c_part2[hh], off);
             z_part2[hh] += __shfl_xor_sync(0xffffffffu, z_part2[hh], off);
         }
     }
@@ -1158,8 +1154,8 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         for (int hr = 0; hr < 2; hr++) {
             const uint32_t x = 4u * (g8 * (D / 32) + i / 2) + 2u * (i % 2) + hr;
             float *base = s_o + ((size_t)warp * kMaxGroup) * C::kORow + x + x / 32;
-            base[(2 * t4) * C::kORow] = o[i][2 * hr] * invF;
-            base[(2 * t4 + 1) * C::kORow] = o[i][2 * hr + 1] * invF;
+            base[(2 * t4) * C::kORow] = (o[i][2 * hr] - kTq3Mid * c_part2[0]) * invF;
+            base[(2 * t4 + 1) * C::kORow] = (o[i][2 * hr + 1] - kTq3Mid * c_part2[1]) * invF;
         }
     }
     __syncthreads();
@@ -1238,7 +1234,6 @@ __global__ void __launch_bounds__(kFThreads, FastCfg<D>::kMinBlocks) attn_fast_k
     __shared__ __align__(16) float s_q[kMaxGroup][FastQRow<D>::kLen];
     __shared__ float s_m[kFWarps][kMaxGroup], s_l[kFWarps][kMaxGroup], s_z[kFWarps][kMaxGroup];
     __shared__ uint32_t s_tn[kFWarps][8];
-    __shared__ uint32_t s_lutk[kLutKWords];
 
     TRACE_GT(10);
     TRACE(0);
@@ -1284,7 +1279,7 @@ __global__ void __launch_bounds__(kFThreads, FastCfg<D>::kMinBlocks) attn_fast_k
     const bool h8 = __syncthreads_or(has8) != 0;
     const bool ht = __syncthreads_or(hast) != 0;
 
-    FastSmem<D> sm = {s_q, s_m, s_l, s_z, s_tn, s_lutk, smem};
+    FastSmem<D> sm = {s_q, s_m, s_l, s_z, s_tn, smem};
     if (h8)
         fast_phase<D, KV_FMT_FP8>(a, bk, sm);
     else
@@ -1401,8 +1396,7 @@ __global__ void attn_merge_kernel(uint32_t parts, uint32_t q_heads, uint32_t d,
 
 template <int D, int FMT> size_t partial_smem()
 {
-    const size_t merge = (size_t)kWarps * kMaxGroup * D * sizeof(float);
-    return FMT == KV_FMT_TQ3 ? (merge > kLutBytes ? merge : kLutBytes) : merge;
+    return (size_t)kWarps * kMaxGroup * D * sizeof(float); /* the warp merge */
 }
 
 template <int D, int FMT> cudaError_t set_attr()
