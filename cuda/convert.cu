@@ -6,7 +6,12 @@
  *
  * Work split (retier v2, docs/perf.md). A row is one (pair, layer, kind, head, token) and is
  * handled by d/32 consecutive lanes, lane q owning coordinates 32q … 32q+31 — exactly one TQ3
- * group, so the bit planes are lane-local. A warp owns a CHUNK of 32/(d/32) consecutive tokens
+ * group, so its K unit (TQ3 layout 2, kv_format.h) is lane-local. A V unit holds 16
+ * coordinates of a token PAIR: the two lanes of a pair (lane and lane ^ d/32, same q) exchange
+ * their packed codes with three shuffles and each writes one of the two V units covering
+ * their 32 coordinates (chunks hold an even number of tokens and start at an even one, so the
+ * partner is always in the warp; with an odd page_tokens the last token's partner is past the
+ * end and contributes zero codes). A warp owns a CHUNK of 32/(d/32) consecutive tokens
  * of one head; a task is the chunk's K rows or its V rows of one pair, so every branch on the
  * kind is warp-uniform and a K row never pays for the value grid nor a V row for the Lloyd–Max
  * search. Retier grid: x = chunks (4 warps per block), y = layer, z = a slice of the pairs; each
@@ -45,9 +50,9 @@
  *   - K: code by a 3-compare binary search on the float midpoints (≥, NaN → 0, as tq3.c), C and
  *     C² (double, exact) from a shared-memory table; ÷D of sums is ×(1/D) (D a power of two:
  *     the same correctly rounded value);
- *   - codes are packed 4 bits apart with shift-add (one LEA each) and turned into the three
- *     bit planes with 12 shift/mask steps per lane (plane_bits below).
- * Promote: decode, inverse rotation (signs multiplied as in rotate.c) and the FP8 row codec,
+ *   - codes go straight to their unit positions with one shift-add each (unit_add); the V
+ *     rint's magic constant rides along and is subtracted once per word.
+ * Promote: decode (K: the lane's unit; V: the token's half of two units), inverse rotation (signs multiplied as in rotate.c) and the FP8 row codec,
  * all order-fixed; x/s uses the same Markstein step when the scale is ≥ 2^-100 (IEEE division
  * otherwise, and for non-finite x).
  */
@@ -72,7 +77,8 @@ struct ConvParams {
     uint64_t seed;
     uint64_t spage, dpage, slayer, dlayer, dused; /* dused = layers · dlayer */
     uint32_t sblk_k, sblk_v, dblk_k, dblk_v;      /* block bytes per kind */
-    uint32_t smeta, dmeta, dcode, dmeta_k, dmeta_v;
+    uint32_t smeta_k, smeta_v, dmeta_k, dmeta_v; /* metadata offsets inside a block, by kind */
+    uint32_t dcode_k, dcode_v, dmb_k, dmb_v;     /* code bytes, metadata bytes of a dst block */
     uint32_t spages, dpages, n;
     uint32_t heads, tokens, layers, cpb; /* cpb = chunks per block */
     uint32_t div_m, div_sh;              /* ⌊w / cpb⌋ = (w · div_m) >> div_sh for w < 2^31 */
@@ -187,26 +193,45 @@ template <int LPR> __device__ __forceinline__ uint32_t row_or(uint32_t v)
     return v;
 }
 
-/* Codes c_j (j = 4i + w) were packed as W[w] = Σ_i c_{4i+w}·16^(7−i) (first code in the top
- * nibble: one shift-add per code). Bit-reversed, bit p of c_{4i+w} sits at 4i + 3 − p, so one
- * shift by w + p − 3 and a mask move it to bit 4i + w of plane p. */
-__device__ __forceinline__ void plane_bits(const uint32_t (&W)[4], uint32_t (&pw)[3])
+/* Layout 2 (kv_format.h "TQ3 code units"). A lane packs its 32 codes in the form of a K unit:
+ * code of SET h ∈ {0, 1} and pair p at bits 16h + 3·(p%5) of word p/5 (pair 15: unit_add15).
+ * K: set = coordinate parity, pair = coordinate/2 — the lane's K unit itself. V: set =
+ * coordinate/16, pair = coordinate%16 — the 16-bit halves are then exchanged between the two
+ * lanes of a token pair (v_unit_word). One IMAD/LEA per code: the codes do not overlap. */
+__host__ __device__ __forceinline__ void unit_add(uint32_t (&pk)[3], int p, int h, uint32_t c)
 {
-    uint32_t b[4];
-#pragma unroll
-    for (int w = 0; w < 4; w++)
-        b[w] = __brev(W[w]);
-#pragma unroll
-    for (int p = 0; p < 3; p++) {
-        uint32_t v = 0;
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const int sh = w + p - 3;
-            const uint32_t t = sh >= 0 ? b[w] << sh : b[w] >> -sh;
-            v |= t & (0x11111111u << w);
-        }
-        pw[p] = v;
-    }
+    pk[p / 5] += c << (16 * h + 3 * (p % 5));
+}
+
+/* Pair 15: bit b of the set-0 code at bit 15 of word b, of the set-1 code at bit 31. */
+__host__ __device__ __forceinline__ void unit_add15(uint32_t (&pk)[3], uint32_t c0, uint32_t c1)
+{
+    const uint32_t cc = (c0 & 7u) | ((c1 & 7u) << 16);
+    for (int b = 0; b < 3; b++)
+        pk[b] |= ((cc >> b) & 0x10001u) << 15;
+}
+
+/* What unit_add adds besides the codes when each c is 0x4B400000 + code (the magic-number
+ * rint of the value codes): the same for each word (5 pairs, 2 sets), wrapping mod 2^32. */
+__host__ __device__ constexpr uint32_t unit_magic()
+{
+    uint32_t v = 0;
+    for (int p = 0; p < 5; p++)
+        for (int h = 0; h < 2; h++)
+            v += 0x4B400000u << (16 * h + 3 * p);
+    return v;
+}
+
+/* V unit word b from this lane's packed words (own) and its pair partner's (other): the lane
+ * of the even token writes the unit of coordinates 32q … 32q+15 (set 0 of both tokens), the
+ * lane of the odd token the unit of 32q+16 … 32q+31 (set 1); low half = the even token. */
+__host__ __device__ __forceinline__ uint32_t v_unit_word(uint32_t own, uint32_t other, bool odd)
+{
+#if defined(__CUDA_ARCH__)
+    return __byte_perm(own, other, odd ? 0x3276u : 0x5410u);
+#else
+    return odd ? (other >> 16) | (own & 0xffff0000u) : (own & 0xffffu) | (other << 16);
+#endif
 }
 
 /* RN(a·b + c) clamped to [0, 1] (NaN → 0): PTX fma.rn.sat, one FFMA.SAT. */
@@ -239,8 +264,9 @@ template <int D> __device__ __forceinline__ void signs_to_smem(uint32_t *s_sign,
  * (layer, kind, head) offset is layer base + kind part, computed per task (a few IMADs). */
 struct WarpPlace {
     uint64_t slbase, dlbase; /* layer · layer bytes */
-    uint32_t head, token;
-    bool rowok, pad_owner, last_lh; /* last_lh: last layer and last head */
+    uint32_t head, token; /* token: 0 where !rowok, so that loads stay inside the block */
+    uint32_t vunit;       /* retier: the V unit this lane writes (see the kernel) */
+    bool rowok, pairok, odd, pad_owner, last_lh; /* last_lh: last layer and last head */
     __device__ __forceinline__ uint64_t soff(const ConvParams &P, uint32_t kind) const
     {
         return slbase + (kind ? (uint64_t)P.heads * P.sblk_k + (uint64_t)head * P.sblk_v
@@ -260,8 +286,14 @@ __device__ __forceinline__ WarpPlace warp_place(const ConvParams &P, uint32_t wi
     WarpPlace w;
     w.head = (uint32_t)(((uint64_t)wi * P.div_m) >> P.div_sh);
     const uint32_t tc = wi - w.head * P.cpb;
-    w.token = tc * RPW + (threadIdx.x & 31u) / LPR;
-    w.rowok = w.token < P.tokens;
+    const uint32_t raw = tc * RPW + (threadIdx.x & 31u) / LPR;
+    /* RPW is even, so a chunk holds whole token pairs and the partner of token raw is in
+     * lane ^ LPR; with an odd page_tokens the last pair's second token is past the end */
+    w.token = raw;
+    w.odd = raw & 1u;
+    w.pairok = (raw & ~1u) < P.tokens;
+    w.vunit = (raw >> 1) * (2 * LPR) + 2 * (threadIdx.x % LPR) + w.odd;
+    w.rowok = raw < P.tokens;
     if (!w.rowok)
         w.token = 0;
     w.slbase = (uint64_t)layer * P.slayer;
@@ -279,9 +311,10 @@ __device__ __forceinline__ void zero_pads(const ConvParams &P, const WarpPlace &
     if (!w.pad_owner)
         return;
     const uint32_t lane = threadIdx.x & 31u;
-    const uint32_t me = P.dmeta + (kind ? P.dmeta_v : P.dmeta_k);
+    const uint32_t mo = kind ? P.dmeta_v : P.dmeta_k;
+    const uint32_t me = mo + (kind ? P.dmb_v : P.dmb_k);
     const uint32_t bb = kind ? P.dblk_v : P.dblk_k;
-    for (uint32_t i = P.dcode + lane; i < P.dmeta; i += 32)
+    for (uint32_t i = (kind ? P.dcode_v : P.dcode_k) + lane; i < mo; i += 32)
         dblk[i] = 0;
     for (uint32_t i = me + lane; i < bb; i += 32)
         dblk[i] = 0;
@@ -322,7 +355,7 @@ template <int D> struct FetchFp8 {
         const uint4 a = __ldg(c4), b = __ldg(c4 + 1);
         cw[0] = a.x, cw[1] = a.y, cw[2] = a.z, cw[3] = a.w;
         cw[4] = b.x, cw[5] = b.y, cw[6] = b.z, cw[7] = b.w;
-        s = __ldg(reinterpret_cast<const float *>(sblk + P.smeta) + w.token);
+        s = __ldg(reinterpret_cast<const float *>(sblk + P.smeta_k) + w.token); /* FP8: K = V */
     }
 };
 
@@ -411,7 +444,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 6) retier_kernel(Co
         for (int j = 0; j < 32; j++)
             x[j] = __fmul_rn(x[j], inv);
 
-        uint32_t W[4] = {0u, 0u, 0u, 0u};
+        uint32_t pk[3] = {0u, 0u, 0u};
         if (kind == KV_KIND_K) {
             const float nrm = __double2float_rn(__dsqrt_rn(ss));
             const bool live = nrm > 0.0f && nrm <= FLT_MAX;
@@ -421,8 +454,12 @@ template <int D> __global__ void __launch_bounds__(kThreads, 6) retier_kernel(Co
                 constexpr int i = I;
                 const float z0 = __fmul_rn(x[2 * i], sc), z1 = __fmul_rn(x[2 * i + 1], sc);
                 const uint32_t c0 = lm_code(z0, bnd), c1 = lm_code(z1, bnd);
-                W[(2 * i) & 3] = (W[(2 * i) & 3] << 4) + c0;
-                W[(2 * i + 1) & 3] = (W[(2 * i + 1) & 3] << 4) + c1;
+                if (i < 15) { /* pair i = coordinates 2i (set 0), 2i + 1 (set 1) */
+                    unit_add(pk, i, 0, c0);
+                    unit_add(pk, i, 1, c1);
+                } else {
+                    unit_add15(pk, c0, c1);
+                }
                 const double2 k0 = s_cd[c0], k1 = s_cd[c1];
                 td.push<i>(__fma_rn((double)z1, k1.x, __dmul_rn((double)z0, k0.x)));
                 tc.push<i>(__dadd_rn(k0.y, k1.y));
@@ -435,11 +472,11 @@ template <int D> __global__ void __launch_bounds__(kThreads, 6) retier_kernel(Co
                 nb = half_sat_bits(__double2float_rn(__ddiv_rn(__dmul_rn((double)nrm, beta), c2)));
             } else {
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    W[i] = 0;
+                for (int b = 0; b < 3; b++)
+                    pk[b] = 0;
             }
             if (w.rowok && q == 0)
-                reinterpret_cast<uint16_t *>(dblk + P.dmeta)[w.token] = nb;
+                reinterpret_cast<uint16_t *>(dblk + P.dmeta_k)[w.token] = nb;
         } else {
             float lo = x[0], hi = x[0];
 #pragma unroll
@@ -468,6 +505,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 6) retier_kernel(Co
             });
             const float var = tv.finish<LPR>();
             uint16_t zh = 0, sh = 0;
+            uint32_t c15[2];
             if (!bad) {
                 const float step =
                     __fmul_rn(KV_TQ3_VALUE_STEP_SIGMAS, __fsqrt_rn(__fmul_rn(var, 1.0f / D)));
@@ -488,28 +526,45 @@ template <int D> __global__ void __launch_bounds__(kThreads, 6) retier_kernel(Co
                         const float t8 = __fmul_rn(u, rs8);
                         const float q8 = fminf(fma_sat(__fmaf_rn(-t8, s8, u), rs8, t8), 0.875f);
                         /* 1.5·2^23 + k has k in its low bits: rint, half to even */
-                        const float qm = __fmaf_rn(q8, 8.0f, 12582912.0f);
-                        W[j & 3] = (W[j & 3] << 4) + __float_as_uint(qm);
+                        const uint32_t qm = __float_as_uint(__fmaf_rn(q8, 8.0f, 12582912.0f));
+                        if ((j & 15) < 15) /* pair j%16 of set j/16 */
+                            unit_add(pk, j & 15, j >> 4, qm);
+                        else
+                            c15[j >> 4] = qm; /* low bits: the code (0x4B400000 has none) */
                     }
-                    /* remove the constant 0x4B400000 that every nibble's add carried along */
+                    /* remove the constant 0x4B400000 that every add carried along */
 #pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        W[i] -= 0x4B400000u * 0x11111111u;
+                    for (int b = 0; b < 3; b++)
+                        pk[b] -= unit_magic();
+                    unit_add15(pk, c15[0], c15[1]);
                 }
             }
             if (w.rowok && q == 0) {
-                uint16_t *m = reinterpret_cast<uint16_t *>(dblk + P.dmeta);
+                uint16_t *m = reinterpret_cast<uint16_t *>(dblk + P.dmeta_v);
                 m[w.token] = sh;
                 m[P.tokens + w.token] = zh;
             }
         }
-        uint32_t pw[3];
-        plane_bits(W, pw);
-        if (w.rowok) {
-            uint32_t *wp = reinterpret_cast<uint32_t *>(dblk) + ((uint64_t)w.token * LPR + q) * 3;
-            wp[0] = pw[0];
-            wp[1] = pw[1];
-            wp[2] = pw[2];
+        /* a token past the page end (the partner of an odd page's last token) has codes 0 */
+        if (!w.rowok) {
+#pragma unroll
+            for (int b = 0; b < 3; b++)
+                pk[b] = 0;
+        }
+        uint64_t unit = (uint64_t)w.token * LPR + q; /* K: unit (token, q) */
+        bool store = w.rowok;
+        if (kind == KV_KIND_V) { /* warp-uniform: every lane takes part in the shuffles */
+#pragma unroll
+            for (int b = 0; b < 3; b++)
+                pk[b] = v_unit_word(pk[b], __shfl_xor_sync(0xffffffffu, pk[b], LPR), w.odd);
+            unit = w.vunit;
+            store = w.pairok;
+        }
+        if (store) {
+            uint32_t *wp = reinterpret_cast<uint32_t *>(dblk) + unit * 3;
+            wp[0] = pk[0];
+            wp[1] = pk[1];
+            wp[2] = pk[2];
         }
         zero_pads(P, w, kind, dpage, dblk);
     }
@@ -547,25 +602,34 @@ template <int D> __global__ void __launch_bounds__(kThreads) promote_kernel(Conv
 
         float x[32];
         if (w.rowok) {
-            const uint32_t *wp =
-                reinterpret_cast<const uint32_t *>(sblk) + ((uint64_t)w.token * LPR + q) * 3;
-            const uint32_t w0 = __ldg(wp), w1 = __ldg(wp + 1), w2 = __ldg(wp + 2);
-            const uint16_t *m = reinterpret_cast<const uint16_t *>(sblk + P.smeta);
+            const uint32_t *cw = reinterpret_cast<const uint32_t *>(sblk);
+            const uint16_t *m =
+                reinterpret_cast<const uint16_t *>(sblk + (kind ? P.smeta_v : P.smeta_k));
             if (kind == KV_KIND_K) {
+                /* K unit (token, q): coordinate 2p + h is pair p, half h */
+                const uint32_t *wp = cw + ((uint64_t)w.token * LPR + q) * 3;
+                const uint32_t u[3] = {__ldg(wp), __ldg(wp + 1), __ldg(wp + 2)};
                 const float gm = __fmul_rn(half_bits_to_float(__ldg(m + w.token)), inv);
 #pragma unroll
-                for (int j = 0; j < 32; j++) {
-                    const uint32_t c =
-                        ((w0 >> j) & 1u) | (((w1 >> j) & 1u) << 1) | (((w2 >> j) & 1u) << 2);
-                    x[j] = __fmul_rn(s_cent[c], gm);
-                }
+                for (int j = 0; j < 32; j++)
+                    x[j] = __fmul_rn(s_cent[kv_tq3_unit_get(u, j >> 1, j & 1)], gm);
             } else {
+                /* V units (token/2, 2q) and (token/2, 2q + 1): coordinates 32q … 32q+15 and
+                 * 32q+16 … 32q+31, this token's codes in the half (token & 1); moved to the
+                 * low half, a code is then pair j%16, half 0 */
+                const uint32_t *wp = cw + ((uint64_t)(w.token >> 1) * (2 * LPR) + 2 * q) * 3;
+                const uint32_t sh = 16 * (w.token & 1u);
+                uint32_t u0[3], u1[3];
+#pragma unroll
+                for (int b = 0; b < 3; b++) {
+                    u0[b] = __ldg(wp + b) >> sh;
+                    u1[b] = __ldg(wp + 3 + b) >> sh;
+                }
                 const float s = half_bits_to_float(__ldg(m + w.token));
                 const float z = half_bits_to_float(__ldg(m + P.tokens + w.token));
 #pragma unroll
                 for (int j = 0; j < 32; j++) {
-                    const uint32_t c =
-                        ((w0 >> j) & 1u) | (((w1 >> j) & 1u) << 1) | (((w2 >> j) & 1u) << 2);
+                    const uint32_t c = kv_tq3_unit_get(j < 16 ? u0 : u1, j & 15, 0);
                     x[j] = __fadd_rn(__fmul_rn((float)c, s), z);
                 }
             }
@@ -617,7 +681,7 @@ template <int D> __global__ void __launch_bounds__(kThreads) promote_kernel(Conv
             c4[0] = make_uint4(cw[0], cw[1], cw[2], cw[3]);
             c4[1] = make_uint4(cw[4], cw[5], cw[6], cw[7]);
             if (q == 0)
-                reinterpret_cast<float *>(dblk + P.dmeta)[w.token] = s;
+                reinterpret_cast<float *>(dblk + P.dmeta_k)[w.token] = s; /* FP8: K = V */
         }
         zero_pads(P, w, kind, dpage, dblk);
     }
@@ -673,11 +737,14 @@ kvk_status_t convert_launch(bool retier, const kv_geom_t *g, const kv_pools_t *p
     P.sblk_v = (uint32_t)kv_block_bytes(g, sf, KV_KIND_V);
     P.dblk_k = (uint32_t)kv_block_bytes(g, df, KV_KIND_K);
     P.dblk_v = (uint32_t)kv_block_bytes(g, df, KV_KIND_V);
-    P.smeta = (uint32_t)kv_block_meta_offset(g, sf);
-    P.dmeta = (uint32_t)kv_block_meta_offset(g, df);
-    P.dcode = (uint32_t)kv_block_code_bytes(g, df);
-    P.dmeta_k = (uint32_t)kv_block_meta_bytes(g, df, KV_KIND_K);
-    P.dmeta_v = (uint32_t)kv_block_meta_bytes(g, df, KV_KIND_V);
+    P.smeta_k = (uint32_t)kv_block_meta_offset(g, sf, KV_KIND_K);
+    P.smeta_v = (uint32_t)kv_block_meta_offset(g, sf, KV_KIND_V);
+    P.dmeta_k = (uint32_t)kv_block_meta_offset(g, df, KV_KIND_K);
+    P.dmeta_v = (uint32_t)kv_block_meta_offset(g, df, KV_KIND_V);
+    P.dcode_k = (uint32_t)kv_block_code_bytes(g, df, KV_KIND_K);
+    P.dcode_v = (uint32_t)kv_block_code_bytes(g, df, KV_KIND_V);
+    P.dmb_k = (uint32_t)kv_block_meta_bytes(g, df, KV_KIND_K);
+    P.dmb_v = (uint32_t)kv_block_meta_bytes(g, df, KV_KIND_V);
     P.spages = pools->pages[sf];
     P.dpages = pools->pages[df];
     P.n = n;
