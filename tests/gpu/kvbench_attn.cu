@@ -49,7 +49,7 @@
     } while (0)
 
 /* Fill a pool with plausible page bytes: FP8 codes without NaN, positive scales; TQ3 random
- * planes with FP16 γ ≈ 10, scale ≈ 0.1, zero ≈ −0.35. */
+ * code units with FP16 γ ≈ 10, scale ≈ 0.1, zero ≈ −0.35. */
 __global__ void fill_pool(uint8_t *base, uint64_t bytes, kv_geom_t g, int fmt, uint64_t seed)
 {
     const uint64_t page_bytes = kv_page_bytes(&g, (kv_fmt_t)fmt);
@@ -57,11 +57,12 @@ __global__ void fill_pool(uint8_t *base, uint64_t bytes, kv_geom_t g, int fmt, u
          i += (uint64_t)gridDim.x * blockDim.x * 4) {
         const uint64_t in_page = i % page_bytes;
         const uint64_t blk_k = kv_block_bytes(&g, (kv_fmt_t)fmt, KV_KIND_K);
-        const uint64_t in_blk = in_page < g.kv_heads * blk_k
+        const int kind = in_page < g.kv_heads * blk_k ? KV_KIND_K : KV_KIND_V;
+        const uint64_t in_blk = kind == KV_KIND_K
                                     ? in_page % blk_k
                                     : (in_page - g.kv_heads * blk_k) %
                                           kv_block_bytes(&g, (kv_fmt_t)fmt, KV_KIND_V);
-        const uint64_t mo = kv_block_meta_offset(&g, (kv_fmt_t)fmt);
+        const uint64_t mo = kv_block_meta_offset(&g, (kv_fmt_t)fmt, kind);
         uint32_t v = (uint32_t)kv_splitmix64(seed ^ i);
         if (in_blk >= mo)
             v = fmt == KV_FMT_FP8 ? 0x3c000000u /* 2^-7 */ : 0x49004900u; /* 10.0 halves */

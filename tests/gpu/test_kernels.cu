@@ -2,16 +2,20 @@
  *
  * Not a ctest (CI has no GPU): bench/run_gpu.sh runs it on the device machine, also under
  * compute-sanitizer (`test_kernels --small`). Prints one line per check and "N passed, M
- * failed"; exits non-zero on any failure or CUDA error.
+ * failed"; exits non-zero on any failure or CUDA error. `--no-attn` runs append, retier and
+ * promote only (for a kernel change that does not touch attention).
  *
- * Per geometry (page_tokens 1, 5, 7, 16, 32, 33; head_dim 64/128/256; GQA 1, 2, 3, 4, 6, 8, 12;
+ * Per geometry (page_tokens 1, 5, 7, 13, 16, 32, 33 — odd ones give TQ3 V blocks a half-empty
+ * last token pair; head_dim 64/128/256; GQA 1, 2, 3, 4, 6, 8, 12;
  *   three with 40-300 pages per sequence so that the v2 kernel's per-warp rings wrap):
  *   append   fp16 or bf16 rows into a poisoned FP8 pool, every slot of every page, random
  *            order; the whole pool must equal kv_fp8_append's, byte for byte;
  *   retier   half of the FP8 pages → TQ3 (batch), a third of their rows crafted edge cases
  *            (zeros of both signs, NaN code, scale 0 / 1e30 / subnormal, constant rows);
- *            codes compared one by one (mismatches counted, must be 0), FP16 metadata and
- *            every other byte must be identical (tq3.c's pairwise sums are the GPU's order);
+ *            codes compared one by one through kv_tq3_get (layout 2; mismatches counted,
+ *            must be 0), FP16 metadata and every other byte — the unit words themselves, the
+ *            zero high codes of an odd page's last V pair, padding — must be identical
+ *            (tq3.c's pairwise sums are the GPU's order);
  *   promote  TQ3 → FP8 from the same TQ3 bytes on both sides: byte-exact;
  *   attention batch 3, lengths not multiples of page_tokens, pages of mixed formats in random
  *            physical order, 1, 3 and 150 splits: partials vs kv_attn_partial (Ō relative L2
@@ -123,7 +127,7 @@ static double rel_l2(const float *a, const double *ref, size_t n)
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static void run_geometry(const Geo &G, bool small)
+static void run_geometry(const Geo &G, bool small, bool attn)
 {
     char tag[96];
     snprintf(tag, sizeof tag, "L%u kvh%u d%u pt%u grp%u %s", G.layers, G.kv_heads, G.d, G.pt,
@@ -230,7 +234,7 @@ static void run_geometry(const Geo &G, bool small)
                     for (uint32_t h = 0; h < G.kv_heads; h++) {
                         uint8_t *blk =
                             h8.data() + p * pb8 + kv_block_offset(&g, KV_FMT_FP8, l, kind, h);
-                        float *sc = (float *)(blk + kv_block_meta_offset(&g, KV_FMT_FP8));
+                        float *sc = (float *)(blk + kv_block_meta_offset(&g, KV_FMT_FP8, kind));
                         for (uint32_t t = 1; t < G.pt; t += 3) {
                             uint8_t *c = blk + (uint64_t)t * d;
                             const uint32_t pat = (p + l + h + t / 3 + (uint32_t)kind) % 7;
@@ -259,16 +263,22 @@ static void run_geometry(const Geo &G, bool small)
                     for (int kind = 0; kind < 2; kind++)
                         for (uint32_t h = 0; h < G.kv_heads; h++) {
                             uint64_t bo = kv_block_offset(&g, KV_FMT_TQ3, l, kind, h);
-                            uint64_t mo = bo + kv_block_meta_offset(&g, KV_FMT_TQ3);
+                            uint64_t mo = bo + kv_block_meta_offset(&g, KV_FMT_TQ3, kind);
+                            const uint32_t *wa = (const uint32_t *)(a + bo);
+                            const uint32_t *wb = (const uint32_t *)(b + bo);
+                            /* codes through the layout-2 accessor; the code bytes (for V
+                             * with an odd page_tokens the last pair's zero high codes too)
+                             * are left to the byte comparison below */
                             for (uint32_t t = 0; t < G.pt; t++) {
-                                const uint32_t *wa =
-                                    (const uint32_t *)(a + bo) + (uint64_t)t * (d / 32) * 3;
-                                const uint32_t *wb =
-                                    (const uint32_t *)(b + bo) + (uint64_t)t * (d / 32) * 3;
-                                for (uint32_t i = 0; i < d; i++, codes++)
-                                    code_mis += kv_tq3_code_get(wa, i) != kv_tq3_code_get(wb, i);
-                                for (uint64_t k = 0; k < (uint64_t)(d / 32) * 12; k++)
-                                    mask[bo + (uint64_t)t * (d / 32) * 12 + k] = 1;
+                                for (uint32_t i = 0; i < d; i++, codes++) {
+                                    const uint32_t ca = kv_tq3_get(wa, kind, d, t, i);
+                                    const uint32_t cb = kv_tq3_get(wb, kind, d, t, i);
+                                    code_mis += ca != cb;
+                                    if (ca != cb && code_mis <= 3)
+                                        printf("     code mismatch p%u l%u %c h%u t%u i%u: "
+                                               "gpu %u twin %u\n",
+                                               p, l, kind ? 'V' : 'K', h, t, i, ca, cb);
+                                }
                                 const int nm = kind == 0 ? 1 : 2;
                                 for (int m = 0; m < nm; m++) {
                                     uint64_t off = mo + ((uint64_t)m * G.pt + t) * 2;
@@ -288,7 +298,8 @@ static void run_geometry(const Geo &G, bool small)
                   code_mis, codes);
             check(meta_diff == 0, "retier fp16 meta identical", "%s: %zu differ, %zu by > 1 ulp",
                   what, meta_diff, meta_big);
-            check(other == 0, "retier padding bytes", "%s: %zu differ", what, other);
+            check(other == 0, "retier other bytes", "%s: %zu differ (unit words, padding)", what,
+                  other);
             ht = got; /* both sides continue from the GPU's TQ3 bytes */
         }
     }
@@ -309,6 +320,19 @@ static void run_geometry(const Geo &G, bool small)
             diff += got[i] != h8b[i];
         check(diff == 0, "promote fp8 bit-exact", "%zu of %zu bytes differ", diff, got.size());
         CK(cudaFree(d8b));
+    }
+
+    if (!attn) { /* --no-attn: append, retier and promote only */
+        CK(cudaFree(d8));
+        CK(cudaFree(dt));
+        CK(cudaFree(ddir));
+        CK(cudaFree(dsp));
+        CK(cudaFree(dsi));
+        CK(cudaFree(dk));
+        CK(cudaFree(dv));
+        CK(cudaFree(drs));
+        CK(cudaFree(drd));
+        return;
     }
 
     /* ---- attention: batch 3, mixed formats ---- */
@@ -482,13 +506,24 @@ static void run_geometry(const Geo &G, bool small)
 
 int main(int argc, char **argv)
 {
-    const bool small = argc > 1 && strcmp(argv[1], "--small") == 0;
+    bool small = false, attn = true;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--small") == 0) {
+            small = true;
+        } else if (strcmp(argv[i], "--no-attn") == 0) {
+            attn = false;
+        } else {
+            fprintf(stderr, "usage: test_kernels [--small] [--no-attn]\n");
+            return 2;
+        }
+    }
     KCK(kvk_cuda_init());
     const Geo full[] = {
         {2, 2, 64, 1, 1, false, 0},    {1, 2, 128, 16, 4, true, 0},  {2, 1, 256, 7, 6, false, 0},
         {1, 2, 128, 5, 8, false, 0},   {1, 1, 64, 16, 8, true, 0},   {1, 3, 256, 16, 2, false, 0},
         {1, 2, 128, 33, 12, true, 0},  {3, 1, 128, 16, 1, false, 0}, {1, 2, 128, 16, 4, false, 300},
-        {1, 1, 256, 32, 6, true, 40},  {2, 2, 64, 32, 3, false, 60},
+        {1, 1, 256, 32, 6, true, 40},  {2, 2, 64, 32, 3, false, 60},  {2, 3, 64, 13, 2, true, 0},
+        {1, 2, 256, 33, 4, false, 0},
     };
     const Geo few[] = {{1, 2, 128, 5, 4, false, 0},
                        {1, 1, 64, 16, 6, true, 0},
@@ -496,10 +531,10 @@ int main(int argc, char **argv)
                        {1, 1, 128, 16, 4, false, 50}};
     if (small)
         for (const Geo &G : few)
-            run_geometry(G, true);
+            run_geometry(G, true, attn);
     else
         for (const Geo &G : full)
-            run_geometry(G, false);
+            run_geometry(G, false, attn);
     CK(cudaDeviceSynchronize());
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
