@@ -120,6 +120,15 @@ __device__ __forceinline__ void tq3_unit(uint32_t w0, uint32_t w1, uint32_t w2, 
     const uint32_t ab = ((w0 >> 8) & 0x00800080u) | ((w1 >> 7) & ~0x00800080u);
     h[15] = tq3_h2((ab & 0x01800180u) | ((w2 >> 6) & ~0x01800180u));
 }
+/* 2^x by the SFU alone (v10): exp2f adds a range test and two multiplies around it to keep
+ * results below 2^-126 exact; a probability that small is 0 to every sum here. ex2(−inf) = +0.
+ * Relative error ≤ 2^-22 (PTX ISA), far inside the 1e-3 attention bound. */
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 /* Σ of the four FP16 query operands a lane holds for one k-step, in fp32 */
 __device__ __forceinline__ float h2sum(uint32_t a, uint32_t b)
 {
@@ -822,6 +831,33 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
             it_base += (uint64_t)kFWarps * 32u;
         }
     };
+    /* v10: a TQ3 stage is one contiguous run of 16-byte chunks in shared memory (K codes, γ,
+     * V codes, scale, zero: 12D + 96 bytes) gathered from five runs of the page. Lane chunks
+     * c = lane + 32j are fixed for the phase: their offset from the page's K block at tok0 = 0
+     * and their growth per token (codes: 12·D/32 bytes, FP16 metadata: 2) are computed once,
+     * so a tile costs one page address and, per chunk, an IMAD, a 64-bit add and the cp.async
+     * (v9 spent ~90 instructions per tile in five cp_seg loops and their 64-bit address math).
+     * Offsets inside one layer fit 32 bits (a layer is < 2^30 bytes at the geometry limits). */
+    constexpr int NCH = (int)((C::kStageT / 16 + 31) / 32);
+    uint32_t coff[NCH], cmul[NCH];
+    if (FMT == KV_FMT_TQ3) {
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            const uint32_t b = 16u * (lane + 32u * (uint32_t)j);
+            const uint32_t vk = (uint32_t)(voff - koff);
+            coff[j] = cmul[j] = 0u;
+            if (b < 6u * D)
+                coff[j] = b, cmul[j] = 12u * (D / 32);
+            else if (b < 6u * D + 32u)
+                coff[j] = (uint32_t)kmoff + (b - 6u * D), cmul[j] = 2u;
+            else if (b < 12u * D + 32u)
+                coff[j] = vk + (b - 6u * D - 32u), cmul[j] = 12u * (D / 32);
+            else if (b < 12u * D + 64u)
+                coff[j] = vk + (uint32_t)vmoff + (b - 12u * D - 32u), cmul[j] = 2u;
+            else
+                coff[j] = vk + (uint32_t)vmoff + 2u * pt + (b - 12u * D - 64u), cmul[j] = 2u;
+        }
+    }
     auto issue = [&](uint32_t stage) {
         uint32_t phys, tok0, n;
         next(phys, tok0, n);
@@ -836,12 +872,13 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                 cp_seg(st + 16 * D + 64, pg + voff + (uint64_t)tok0 * D, 16u * D, lane);
                 cp_seg(st + 32 * D + 64, pg + voff + vmoff + 4ull * tok0, 64u, lane);
             } else { /* K units of tokens tok0…, V units of pairs tok0/2… (tok0 even) */
-                const uint64_t cb = (uint64_t)tok0 * (D / 32) * 12u;
-                cp_seg(st, pg + koff + cb, 6u * D, lane);
-                cp_seg(st + 6 * D, pg + koff + kmoff + 2ull * tok0, 32u, lane);
-                cp_seg(st + 6 * D + 32, pg + voff + cb, 6u * D, lane);
-                cp_seg(st + 12 * D + 32, pg + voff + vmoff + 2ull * tok0, 32u, lane);
-                cp_seg(st + 12 * D + 64, pg + voff + vmoff + 2ull * pt + 2ull * tok0, 32u, lane);
+                const uint8_t *kb = pg + koff;
+#pragma unroll
+                for (int j = 0; j < NCH; j++) {
+                    const uint32_t b = 16u * (lane + 32u * (uint32_t)j);
+                    if (b < C::kStageT)
+                        cp16(st + b, kb + (coff[j] + tok0 * cmul[j]));
+                }
             }
         }
         cp_commit();
@@ -999,32 +1036,42 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
             sv[j][0] = tk[j] < n ? (sT[2 * j] - kc2[0]) * kfac[j] : -INFINITY;
             sv[j][1] = tk[j] < n ? (sT[2 * j + 1] - kc2[1]) * kfac[j] : -INFINITY;
         }
-        float pr[2][2], alpha[2];
+        /* v10: the running maximum moves only when a score of the tile exceeds it, which after
+         * the first tiles is rare: only then the warp-wide reduction and the rescale of o, l,
+         * z, c. Otherwise the tile's p = 2^(s − m) use the standing maximum (p ≤ 1 always). */
+        const bool up = fmaxf(sv[0][0], sv[1][0]) > m_run2[0] ||
+                        fmaxf(sv[0][1], sv[1][1]) > m_run2[1];
+        if (__any_sync(0xffffffffu, up)) {
+            float alpha[2];
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            float tmax = fmaxf(sv[0][hh], sv[1][hh]);
+            for (int hh = 0; hh < 2; hh++) {
+                float tmax = fmaxf(sv[0][hh], sv[1][hh]);
 #pragma unroll
-            for (int off = 4; off < 32; off <<= 1)
-                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
-            const float m_new = fmaxf(m_run2[hh], tmax);
-            alpha[hh] = 1.0f;
-            if (m_new == -INFINITY) {
-                pr[0][hh] = pr[1][hh] = 0.0f;
-            } else {
-                alpha[hh] = exp2f(m_run2[hh] - m_new);
-                pr[0][hh] = exp2f(sv[0][hh] - m_new);
-                pr[1][hh] = exp2f(sv[1][hh] - m_new);
+                for (int off = 4; off < 32; off <<= 1)
+                    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+                const float m_new = fmaxf(m_run2[hh], tmax);
+                /* m_new == m_run2 covers −inf = −inf; from −inf to finite, ex2(−inf) = 0 */
+                alpha[hh] = m_new == m_run2[hh] ? 1.0f : ex2(m_run2[hh] - m_new);
+                m_run2[hh] = m_new;
+                l_part2[hh] *= alpha[hh];
+                z_part2[hh] *= alpha[hh];
+                c_part2[hh] *= alpha[hh];
             }
-            m_run2[hh] = m_new;
-            l_part2[hh] = l_part2[hh] * alpha[hh] + (pr[0][hh] + pr[1][hh]);
-            if (FMT == KV_FMT_TQ3)
-                z_part2[hh] = z_part2[hh] * alpha[hh] + (pr[0][hh] * vz[0] + pr[1][hh] * vz[1]);
-        }
-        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
             for (int i = 0; i < KS; i++) {
                 o[i][0] *= alpha[0], o[i][1] *= alpha[1], o[i][2] *= alpha[0], o[i][3] *= alpha[1];
             }
+        }
+        float pr[2][2];
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            /* all scores of a head still −inf: m = 0 keeps −inf − m from being NaN */
+            const float mref = m_run2[hh] == -INFINITY ? 0.0f : m_run2[hh];
+            pr[0][hh] = ex2(sv[0][hh] - mref);
+            pr[1][hh] = ex2(sv[1][hh] - mref);
+            l_part2[hh] += pr[0][hh] + pr[1][hh];
+            if (FMT == KV_FMT_TQ3)
+                z_part2[hh] += pr[0][hh] * vz[0] + pr[1][hh] * vz[1];
         }
         if (F == 0.0f) {
             float mx = fmaxf(vsc[0], vsc[1]);
@@ -1041,8 +1088,8 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         if (FMT == KV_FMT_TQ3) { /* Σ P' per head from the rounded operands (kTq3Mid) */
             const float2 x0 = __half22float2(*reinterpret_cast<const __half2 *>(&pp0));
             const float2 x1 = __half22float2(*reinterpret_cast<const __half2 *>(&pp1));
-            c_part2[0] = c_part2[0] * alpha[0] + (x0.x + x1.x);
-            c_part2[1] = c_part2[1] * alpha[1] + (x0.y + x1.y);
+            c_part2[0] += x0.x + x1.x;
+            c_part2[1] += x0.y + x1.y;
         }
         const uint32_t pb0 = movmatrix_t(pp0);
         const uint32_t pb1 = movmatrix_t(pp1);
