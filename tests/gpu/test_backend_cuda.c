@@ -203,7 +203,7 @@ int main(void)
     float sc;
     memcpy(&sc,
            page + kv_block_offset(&g, KV_FMT_FP8, 2, KV_KIND_V, 1) +
-               kv_block_meta_offset(&g, KV_FMT_FP8) + 4 * 12,
+               kv_block_meta_offset(&g, KV_FMT_FP8, KV_KIND_V) + 4 * 12,
            4);
     check(sc > 0.0f && sc != 1.0f && isfinite(sc), "append",
           "scale of layer 2 V head 1 slot 12 "
