@@ -322,7 +322,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
                         kfac[j] = reinterpret_cast<const float *>(km)[tv[j].slot];
                         vsc[j] = reinterpret_cast<const float *>(vm)[tv[j].slot];
                     } else { /* the operand forms of the TQ3 maps (kTq3Mid above) */
-                        const float sc = half_bits(reinterpret_cast<const uint16_t *>(vm)[tv[j].slot]);
+                        const float sc =
+                            half_bits(reinterpret_cast<const uint16_t *>(vm)[tv[j].slot]);
                         kfac[j] = kTq3KeyStep8 *
                                   half_bits(reinterpret_cast<const uint16_t *>(km)[tv[j].slot]);
                         vsc[j] = 8.0f * sc;
@@ -374,9 +375,9 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
                         uint32_t w0 = 0u, w1 = 0u, w2 = 0u;
                         if (tk[nt].page) {
                             const uint32_t grp = D == 64 ? (t4 >> 1) : t4 + 4 * gi;
-                            const uint32_t *wp = reinterpret_cast<const uint32_t *>(
-                                                     tk[nt].page + koff) +
-                                                 ((uint64_t)tk[nt].slot * (D / 32) + grp) * 3;
+                            const uint32_t *wp =
+                                reinterpret_cast<const uint32_t *>(tk[nt].page + koff) +
+                                ((uint64_t)tk[nt].slot * (D / 32) + grp) * 3;
                             w0 = wp[0], w1 = wp[1], w2 = wp[2];
                         }
                         uint32_t h[16];
@@ -491,7 +492,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
                  * stored pair (tiles cross pages here), so each sits in the low or high half of
                  * its own unit (slot parity): PRMT merges the two units' words into one whose
                  * low codes are token A's and high codes token B's, decoded once */
-                constexpr int NU = D == 256 ? 2 : 1; /* units per lane and token pair */
+                constexpr int NU = D == 256 ? 2 : 1;  /* units per lane and token pair */
                 constexpr int MPU = D == 64 ? KS : 8; /* m-tiles per unit */
 #pragma unroll
                 for (int hp = 0; hp < 2; hp++) {
@@ -560,7 +561,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
             const uint32_t x = 4u * (g8 * (D / 32) + i / 2) + 2u * (i % 2) + hr;
             float *base = s_o + ((size_t)warp * kMaxGroup) * D;
             base[(2 * t4) * D + x] = (o[i][2 * hr] - (FMT == KV_FMT_TQ3 ? cA : 0.0f)) * invF;
-            base[(2 * t4 + 1) * D + x] = (o[i][2 * hr + 1] - (FMT == KV_FMT_TQ3 ? cB : 0.0f)) * invF;
+            base[(2 * t4 + 1) * D + x] =
+                (o[i][2 * hr + 1] - (FMT == KV_FMT_TQ3 ? cB : 0.0f)) * invF;
         }
     }
     __syncthreads();
@@ -654,7 +656,7 @@ template <int D> struct FastCfg {
      * so the rings shrink to fit 4 blocks: 2 FP8 / 6 TQ3 stages */
     static constexpr int kMinBlocks = D == 256 ? 2 : 4;
     static constexpr int kNs8 = 2;
-    static constexpr int kNsT = D == 256 ? 5 : 6;
+    static constexpr int kNsT = 6; /* even: TQ3 takes two tiles per iteration (v11) */
     static constexpr uint32_t kWarpBuf =
         kNs8 * kStage8 > kNsT * kStageT ? kNs8 * kStage8 : kNsT * kStageT;
     static constexpr size_t kSmem = (size_t)kFWarps * kWarpBuf;
@@ -775,6 +777,11 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     constexpr int R = D / 16 < 8 ? D / 16 : 8;
     constexpr int NS = FMT == KV_FMT_FP8 ? C::kNs8 : C::kNsT;
     constexpr uint32_t STAGE = FMT == KV_FMT_FP8 ? C::kStage8 : C::kStageT;
+    /* v11: tiles per loop iteration. TQ3 takes two: twice the independent work between the
+     * waits (its loop is latency-bound at 4 warps per scheduler) and one softmax reduction,
+     * vote and loop overhead per two tiles. FP8 keeps one (its 2-stage ring is what fits). */
+    constexpr int TPI = FMT == KV_FMT_TQ3 ? 2 : 1;
+    static_assert(NS % TPI == 0 && NS > TPI, "the ring holds whole iterations plus one");
     const uint32_t tid = threadIdx.x, warp = tid >> 5, lane = tid & 31u;
     const uint32_t g8 = lane >> 2, t4 = lane & 3u;
     const kv_geom_t &geo = a.g;
@@ -887,7 +894,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     /* v7: the first NS-1 tiles are requested before the query is loaded and rotated, so the
      * directory walk and the first copies overlap that prologue instead of following it */
 #pragma unroll
-    for (int i = 0; i < NS - 1; i++)
+    for (int i = 0; i < NS - TPI; i++)
         issue((uint32_t)i);
 
     for (uint32_t i = tid; i < kMaxGroup * D; i += kFThreads) {
@@ -939,113 +946,138 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     uint32_t head = 0;
     TRACE(2 + 3 * FMT);
     for (;;) {
-        issue(head == 0 ? NS - 1 : head - 1);
-        cp_wait<NS - 1>();
+        /* refill the TPI stages the previous iteration consumed, then wait for this one's */
+#pragma unroll
+        for (int u = 0; u < TPI; u++)
+            issue((head + NS - TPI + u) % NS);
+        cp_wait<NS - TPI>();
         __syncwarp();
-        const uint32_t n = sm.tn[warp][head];
-        if (n == 0)
+        uint32_t nt_[TPI];
+#pragma unroll
+        for (int u = 0; u < TPI; u++)
+            nt_[u] = sm.tn[warp][head + u];
+        if (nt_[0] == 0)
             break;
-        const uint8_t *st = ring + head * STAGE;
         const uint32_t tk[2] = {g8, g8 + 8};
         const uint32_t tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
 
-        /* metadata of this lane's S rows: tokens g8 and g8 + 8 */
-        float kfac[2], vsc[2], vz[2];
+        /* ---- per tile u: metadata, K decode and Sᵀ (a tile past the end has n = 0: its
+         * stale stage is decoded but every score is masked, so it adds nothing) ---- */
+        float kfac_[TPI][2], vsc_[TPI][2], vz_[TPI][2], sv_[TPI][2][2];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            kfac[j] = vsc[j] = vz[j] = 0.0f;
-            if (tk[j] < n) {
-                if (FMT == KV_FMT_FP8) {
-                    kfac[j] = reinterpret_cast<const float *>(st + 16 * D)[tk[j]];
-                    vsc[j] = reinterpret_cast<const float *>(st + 32 * D + 64)[tk[j]];
-                } else { /* the operand forms of the TQ3 maps (kTq3Mid) */
-                    const float sc =
-                        half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 32)[tk[j]]);
-                    kfac[j] = kTq3KeyStep8 *
-                              half_bits(reinterpret_cast<const uint16_t *>(st + 6 * D)[tk[j]]);
-                    vsc[j] = 8.0f * sc;
-                    vz[j] = half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 64)[tk[j]]) +
+        for (int u = 0; u < TPI; u++) {
+            const uint32_t n = nt_[u];
+            const uint8_t *st = ring + (head + u) * STAGE;
+            float(&kfac)[2] = kfac_[u];
+            float(&vsc)[2] = vsc_[u];
+            float(&vz)[2] = vz_[u];
+            /* metadata of this lane's S rows: tokens g8 and g8 + 8 */
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                kfac[j] = vsc[j] = vz[j] = 0.0f;
+                if (tk[j] < n) {
+                    if (FMT == KV_FMT_FP8) {
+                        kfac[j] = reinterpret_cast<const float *>(st + 16 * D)[tk[j]];
+                        vsc[j] = reinterpret_cast<const float *>(st + 32 * D + 64)[tk[j]];
+                    } else { /* the operand forms of the TQ3 maps (kTq3Mid) */
+                        const float sc =
+                            half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 32)[tk[j]]);
+                        kfac[j] = kTq3KeyStep8 *
+                                  half_bits(reinterpret_cast<const uint16_t *>(st + 6 * D)[tk[j]]);
+                        vsc[j] = 8.0f * sc;
+                        vz[j] =
+                            half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 64)[tk[j]]) +
                             3.5f * sc;
-                }
-            }
-        }
-
-        /* ---- Sᵀ = K Qᵀ (v4: tokens are the 16 MMA rows, heads the 8 columns, so no half-empty
-         * A operand; K's fragments for token g8 / g8 + 8 are v3's B fragments of n-tile 0 / 1,
-         * and Q's B fragment is v3's A fragment). Tokens ≥ n hold stale or out-of-sequence
-         * bytes: masked below. ---- */
-        uint32_t kbt[2][KS][2];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            uint32_t(&kb)[KS][2] = kbt[nt];
-            if (FMT == KV_FMT_FP8) {
-                uint32_t kw[KS];
-                const uint8_t *row = st + tk[nt] * D;
-                if (D == 64) {
-                    const uint4 v = *reinterpret_cast<const uint4 *>(row + 16 * t4);
-                    kw[0] = v.x, kw[1] = v.y, kw[2] = v.z, kw[3] = v.w;
-                } else {
-#pragma unroll
-                    for (int hh = 0; hh < D / 128; hh++) {
-                        const uint4 *r4 = reinterpret_cast<const uint4 *>(row + 128 * hh + 32 * t4);
-                        const uint4 v0 = r4[0], v1 = r4[1];
-                        kw[8 * hh + 0] = v0.x, kw[8 * hh + 1] = v0.y;
-                        kw[8 * hh + 2] = v0.z, kw[8 * hh + 3] = v0.w;
-                        kw[8 * hh + 4] = v1.x, kw[8 * hh + 5] = v1.y;
-                        kw[8 * hh + 6] = v1.z, kw[8 * hh + 7] = v1.w;
                     }
                 }
+            }
+
+            /* ---- Sᵀ = K Qᵀ (v4: tokens are the 16 MMA rows, heads the 8 columns, so no
+             * half-empty A operand; K's fragments for token g8 / g8 + 8 are v3's B fragments of
+             * n-tile 0 / 1, and Q's B fragment is v3's A fragment). Tokens ≥ n hold stale or
+             * out-of-sequence bytes: masked below. ---- */
+            uint32_t kbt[2][KS][2];
 #pragma unroll
-                for (int s2 = 0; s2 < KS; s2++) {
-                    kb[s2][0] = fp8x2_to_h2(kw[s2] & 0xffffu);
-                    kb[s2][1] = fp8x2_to_h2(kw[s2] >> 16);
-                }
-            } else { /* K units t4 (+ 4·gi) of the token; d = 64: half t4 & 1 of unit t4/2 */
-                constexpr int NG = D == 64 ? 1 : D / 128; /* units per lane */
+            for (int nt = 0; nt < 2; nt++) {
+                uint32_t(&kb)[KS][2] = kbt[nt];
+                if (FMT == KV_FMT_FP8) {
+                    uint32_t kw[KS];
+                    const uint8_t *row = st + tk[nt] * D;
+                    if (D == 64) {
+                        const uint4 v = *reinterpret_cast<const uint4 *>(row + 16 * t4);
+                        kw[0] = v.x, kw[1] = v.y, kw[2] = v.z, kw[3] = v.w;
+                    } else {
 #pragma unroll
-                for (int gi = 0; gi < NG; gi++) {
-                    const uint32_t grp = D == 64 ? (t4 >> 1) : t4 + 4 * gi;
-                    const uint32_t *wp =
-                        reinterpret_cast<const uint32_t *>(st) + (tk[nt] * (D / 32) + grp) * 3;
-                    uint32_t h[16];
-                    tq3_unit(wp[0], wp[1], wp[2], h);
-                    constexpr int SPU = D == 64 ? KS : 8; /* k-steps per unit */
+                        for (int hh = 0; hh < D / 128; hh++) {
+                            const uint4 *r4 =
+                                reinterpret_cast<const uint4 *>(row + 128 * hh + 32 * t4);
+                            const uint4 v0 = r4[0], v1 = r4[1];
+                            kw[8 * hh + 0] = v0.x, kw[8 * hh + 1] = v0.y;
+                            kw[8 * hh + 2] = v0.z, kw[8 * hh + 3] = v0.w;
+                            kw[8 * hh + 4] = v1.x, kw[8 * hh + 5] = v1.y;
+                            kw[8 * hh + 6] = v1.z, kw[8 * hh + 7] = v1.w;
+                        }
+                    }
 #pragma unroll
-                    for (int j = 0; j < SPU; j++) {
-                        if (D == 64) {
-                            kb[j][0] = (t4 & 1u) ? h[8 + 2 * j] : h[2 * j];
-                            kb[j][1] = (t4 & 1u) ? h[9 + 2 * j] : h[2 * j + 1];
-                        } else {
-                            kb[gi * SPU + j][0] = h[2 * j];
-                            kb[gi * SPU + j][1] = h[2 * j + 1];
+                    for (int s2 = 0; s2 < KS; s2++) {
+                        kb[s2][0] = fp8x2_to_h2(kw[s2] & 0xffffu);
+                        kb[s2][1] = fp8x2_to_h2(kw[s2] >> 16);
+                    }
+                } else { /* K units t4 (+ 4·gi) of the token; d = 64: half t4 & 1 of unit t4/2 */
+                    constexpr int NG = D == 64 ? 1 : D / 128; /* units per lane */
+#pragma unroll
+                    for (int gi = 0; gi < NG; gi++) {
+                        const uint32_t grp = D == 64 ? (t4 >> 1) : t4 + 4 * gi;
+                        const uint32_t *wp =
+                            reinterpret_cast<const uint32_t *>(st) + (tk[nt] * (D / 32) + grp) * 3;
+                        uint32_t h[16];
+                        tq3_unit(wp[0], wp[1], wp[2], h);
+                        constexpr int SPU = D == 64 ? KS : 8; /* k-steps per unit */
+#pragma unroll
+                        for (int j = 0; j < SPU; j++) {
+                            if (D == 64) {
+                                kb[j][0] = (t4 & 1u) ? h[8 + 2 * j] : h[2 * j];
+                                kb[j][1] = (t4 & 1u) ? h[9 + 2 * j] : h[2 * j + 1];
+                            } else {
+                                kb[gi * SPU + j][0] = h[2 * j];
+                                kb[gi * SPU + j][1] = h[2 * j + 1];
+                            }
                         }
                     }
                 }
             }
-        }
-        float sT[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            /* v11: two accumulators (even / odd k-steps) halve the dependent MMA chain */
+            float sA[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sB[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int s2 = 0; s2 < KS; s2++)
-            mma16816(sT, kbt[0][s2][0], kbt[1][s2][0], kbt[0][s2][1], kbt[1][s2][1], qa[s2][0],
-                     qa[s2][1]);
+            for (int s2 = 0; s2 < KS; s2++)
+                mma16816(s2 % 2 ? sB : sA, kbt[0][s2][0], kbt[1][s2][0], kbt[0][s2][1],
+                         kbt[1][s2][1], qa[s2][0], qa[s2][1]);
 
-        /* ---- online softmax: this lane holds tokens g8, g8 + 8 of heads 2t, 2t+1 ---- */
-        float sv[2][2]; /* [token g8, g8 + 8][head 2t, 2t+1] */
+                /* this lane holds tokens g8, g8 + 8 of heads 2t, 2t+1: sv[token][head] */
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            sv[j][0] = tk[j] < n ? (sT[2 * j] - kc2[0]) * kfac[j] : -INFINITY;
-            sv[j][1] = tk[j] < n ? (sT[2 * j + 1] - kc2[1]) * kfac[j] : -INFINITY;
+            for (int j = 0; j < 2; j++) {
+                sv_[u][j][0] = tk[j] < n ? (sA[2 * j] + sB[2 * j] - kc2[0]) * kfac[j] : -INFINITY;
+                sv_[u][j][1] =
+                    tk[j] < n ? (sA[2 * j + 1] + sB[2 * j + 1] - kc2[1]) * kfac[j] : -INFINITY;
+            }
         }
-        /* v10: the running maximum moves only when a score of the tile exceeds it, which after
-         * the first tiles is rare: only then the warp-wide reduction and the rescale of o, l,
-         * z, c. Otherwise the tile's p = 2^(s − m) use the standing maximum (p ≤ 1 always). */
-        const bool up = fmaxf(sv[0][0], sv[1][0]) > m_run2[0] ||
-                        fmaxf(sv[0][1], sv[1][1]) > m_run2[1];
-        if (__any_sync(0xffffffffu, up)) {
+
+        /* ---- online softmax over the TPI tiles ---- */
+        /* v10: the running maximum moves only when a score exceeds it, which after the first
+         * tiles is rare: only then the warp-wide reduction and the rescale of o, l, z, c.
+         * Otherwise p = 2^(s − m) uses the standing maximum (p ≤ 1 always). */
+        float tm[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int u = 0; u < TPI; u++) {
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+                tm[hh] = fmaxf(tm[hh], fmaxf(sv_[u][0][hh], sv_[u][1][hh]));
+        }
+        if (__any_sync(0xffffffffu, tm[0] > m_run2[0] || tm[1] > m_run2[1])) {
             float alpha[2];
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
-                float tmax = fmaxf(sv[0][hh], sv[1][hh]);
+                float tmax = tm[hh];
 #pragma unroll
                 for (int off = 4; off < 32; off <<= 1)
                     tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
@@ -1062,108 +1094,119 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                 o[i][0] *= alpha[0], o[i][1] *= alpha[1], o[i][2] *= alpha[0], o[i][3] *= alpha[1];
             }
         }
-        float pr[2][2];
+        float pr_[TPI][2][2];
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             /* all scores of a head still −inf: m = 0 keeps −inf − m from being NaN */
             const float mref = m_run2[hh] == -INFINITY ? 0.0f : m_run2[hh];
-            pr[0][hh] = ex2(sv[0][hh] - mref);
-            pr[1][hh] = ex2(sv[1][hh] - mref);
-            l_part2[hh] += pr[0][hh] + pr[1][hh];
-            if (FMT == KV_FMT_TQ3)
-                z_part2[hh] += pr[0][hh] * vz[0] + pr[1][hh] * vz[1];
+#pragma unroll
+            for (int u = 0; u < TPI; u++) {
+                pr_[u][0][hh] = ex2(sv_[u][0][hh] - mref);
+                pr_[u][1][hh] = ex2(sv_[u][1][hh] - mref);
+                l_part2[hh] += pr_[u][0][hh] + pr_[u][1][hh];
+                if (FMT == KV_FMT_TQ3)
+                    z_part2[hh] += pr_[u][0][hh] * vz_[u][0] + pr_[u][1][hh] * vz_[u][1];
+            }
         }
         if (F == 0.0f) {
-            float mx = fmaxf(vsc[0], vsc[1]);
+            float mx = fmaxf(vsc_[0][0], vsc_[0][1]);
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1)
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
             F = mx > 0.0f && mx <= FLT_MAX ? exp2f(-ceilf(log2f(mx))) : 1.0f;
         }
-        /* P'ᵀ in the accumulator layout (row = token, pair = heads 2t, 2t+1), two 8×8 blocks;
-         * transposed in registers they are exactly the B fragments of PV (k = tokens 2t, 2t+1
-         * and 2t+8, 2t+9, n = head g8) */
-        const uint32_t pp0 = pack_half2(pr[0][0] * vsc[0] * F, pr[0][1] * vsc[0] * F);
-        const uint32_t pp1 = pack_half2(pr[1][0] * vsc[1] * F, pr[1][1] * vsc[1] * F);
-        if (FMT == KV_FMT_TQ3) { /* Σ P' per head from the rounded operands (kTq3Mid) */
-            const float2 x0 = __half22float2(*reinterpret_cast<const __half2 *>(&pp0));
-            const float2 x1 = __half22float2(*reinterpret_cast<const __half2 *>(&pp1));
-            c_part2[0] += x0.x + x1.x;
-            c_part2[1] += x0.y + x1.y;
-        }
-        const uint32_t pb0 = movmatrix_t(pp0);
-        const uint32_t pb1 = movmatrix_t(pp1);
-
-        /* ---- Oᵀ += Vᵀ Pᵀ ---- */
-        uint32_t va[KS][4];
-        if (FMT == KV_FMT_FP8) {
-            uint32_t vw[4][NC];
+        /* ---- per tile u: Oᵀ += Vᵀ P'ᵀ ---- */
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                if (tv[j] < n) { /* out-of-sequence FP8 bytes may be NaN codes: never use them */
-                    const uint8_t *row = st + 16 * D + 64 + tv[j] * D + g8 * (D / 8);
-                    if (D == 64) {
-                        const uint2 v = *reinterpret_cast<const uint2 *>(row);
-                        vw[j][0] = v.x, vw[j][1] = v.y;
+        for (int u = 0; u < TPI; u++) {
+            const uint32_t n = nt_[u];
+            const uint8_t *st = ring + (head + u) * STAGE;
+            const float(&pr)[2][2] = pr_[u];
+            const float(&vsc)[2] = vsc_[u];
+            /* P'ᵀ in the accumulator layout (row = token, pair = heads 2t, 2t+1), two 8×8
+             * blocks; transposed in registers they are exactly the B fragments of PV (k = tokens
+             * 2t, 2t+1 and 2t+8, 2t+9, n = head g8) */
+            const uint32_t pp0 = pack_half2(pr[0][0] * vsc[0] * F, pr[0][1] * vsc[0] * F);
+            const uint32_t pp1 = pack_half2(pr[1][0] * vsc[1] * F, pr[1][1] * vsc[1] * F);
+            if (FMT == KV_FMT_TQ3) { /* Σ P' per head from the rounded operands (kTq3Mid) */
+                const float2 x0 = __half22float2(*reinterpret_cast<const __half2 *>(&pp0));
+                const float2 x1 = __half22float2(*reinterpret_cast<const __half2 *>(&pp1));
+                c_part2[0] += x0.x + x1.x;
+                c_part2[1] += x0.y + x1.y;
+            }
+            const uint32_t pb0 = movmatrix_t(pp0);
+            const uint32_t pb1 = movmatrix_t(pp1);
+
+            uint32_t va[KS][4];
+            if (FMT == KV_FMT_FP8) {
+                uint32_t vw[4][NC];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    if (tv[j] <
+                        n) { /* out-of-sequence FP8 bytes may be NaN codes: never use them */
+                        const uint8_t *row = st + 16 * D + 64 + tv[j] * D + g8 * (D / 8);
+                        if (D == 64) {
+                            const uint2 v = *reinterpret_cast<const uint2 *>(row);
+                            vw[j][0] = v.x, vw[j][1] = v.y;
+                        } else {
+#pragma unroll
+                            for (int c4 = 0; c4 < NC / 4; c4++) {
+                                const uint4 v = reinterpret_cast<const uint4 *>(row)[c4];
+                                vw[j][4 * c4 + 0] = v.x, vw[j][4 * c4 + 1] = v.y;
+                                vw[j][4 * c4 + 2] = v.z, vw[j][4 * c4 + 3] = v.w;
+                            }
+                        }
                     } else {
 #pragma unroll
-                        for (int c4 = 0; c4 < NC / 4; c4++) {
-                            const uint4 v = reinterpret_cast<const uint4 *>(row)[c4];
-                            vw[j][4 * c4 + 0] = v.x, vw[j][4 * c4 + 1] = v.y;
-                            vw[j][4 * c4 + 2] = v.z, vw[j][4 * c4 + 3] = v.w;
-                        }
+                        for (int c = 0; c < NC; c++)
+                            vw[j][c] = 0u;
                     }
-                } else {
-#pragma unroll
-                    for (int c = 0; c < NC; c++)
-                        vw[j][c] = 0u;
                 }
-            }
 #pragma unroll
-            for (int c = 0; c < NC; c++) {
+                for (int c = 0; c < NC; c++) {
+#pragma unroll
+                    for (int hp = 0; hp < 2; hp++) {
+                        const uint32_t x0 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x5140);
+                        const uint32_t x1 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x7362);
+                        va[2 * c][2 * hp + 0] = fp8x2_to_h2(x0 & 0xffffu);
+                        va[2 * c][2 * hp + 1] = fp8x2_to_h2(x0 >> 16);
+                        va[2 * c + 1][2 * hp + 0] = fp8x2_to_h2(x1 & 0xffffu);
+                        va[2 * c + 1][2 * hp + 1] = fp8x2_to_h2(x1 >> 16);
+                    }
+                }
+            } else {
+                /* the lane's coordinates (D/8)·g8 + 2i + r/8 (m-tile i, row r) are pairs of V unit
+                 * (D/8)·g8/16 (+1 at d = 256) of token pairs t and t + 4 of the tile: tokens
+                 * 2t, 2t+1 and 2t+8, 2t+9, exactly the A fragment's k order */
+                constexpr int NU = D == 256 ? 2 : 1;  /* units per lane and token pair */
+                constexpr int MPU = D == 64 ? KS : 8; /* m-tiles per unit */
 #pragma unroll
                 for (int hp = 0; hp < 2; hp++) {
-                    const uint32_t x0 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x5140);
-                    const uint32_t x1 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x7362);
-                    va[2 * c][2 * hp + 0] = fp8x2_to_h2(x0 & 0xffffu);
-                    va[2 * c][2 * hp + 1] = fp8x2_to_h2(x0 >> 16);
-                    va[2 * c + 1][2 * hp + 0] = fp8x2_to_h2(x1 & 0xffffu);
-                    va[2 * c + 1][2 * hp + 1] = fp8x2_to_h2(x1 >> 16);
-                }
-            }
-        } else {
-            /* the lane's coordinates (D/8)·g8 + 2i + r/8 (m-tile i, row r) are pairs of V unit
-             * (D/8)·g8/16 (+1 at d = 256) of token pairs t and t + 4 of the tile: tokens
-             * 2t, 2t+1 and 2t+8, 2t+9, exactly the A fragment's k order */
-            constexpr int NU = D == 256 ? 2 : 1;  /* units per lane and token pair */
-            constexpr int MPU = D == 64 ? KS : 8; /* m-tiles per unit */
 #pragma unroll
-            for (int hp = 0; hp < 2; hp++) {
+                    for (int nu = 0; nu < NU; nu++) {
+                        const uint32_t q = D == 64 ? g8 / 2 : (D / 128) * g8 + nu;
+                        const uint32_t *wp = reinterpret_cast<const uint32_t *>(st + 6 * D + 32) +
+                                             ((t4 + 4 * hp) * (D / 16) + q) * 3;
+                        uint32_t h[16];
+                        tq3_unit(wp[0], wp[1], wp[2], h);
 #pragma unroll
-                for (int nu = 0; nu < NU; nu++) {
-                    const uint32_t q = D == 64 ? g8 / 2 : (D / 128) * g8 + nu;
-                    const uint32_t *wp = reinterpret_cast<const uint32_t *>(st + 6 * D + 32) +
-                                         ((t4 + 4 * hp) * (D / 16) + q) * 3;
-                    uint32_t h[16];
-                    tq3_unit(wp[0], wp[1], wp[2], h);
-#pragma unroll
-                    for (int j = 0; j < MPU; j++) {
-                        if (D == 64) {
-                            va[j][2 * hp + 0] = (g8 & 1u) ? h[8 + 2 * j] : h[2 * j];
-                            va[j][2 * hp + 1] = (g8 & 1u) ? h[9 + 2 * j] : h[2 * j + 1];
-                        } else {
-                            va[nu * MPU + j][2 * hp + 0] = h[2 * j];
-                            va[nu * MPU + j][2 * hp + 1] = h[2 * j + 1];
+                        for (int j = 0; j < MPU; j++) {
+                            if (D == 64) {
+                                va[j][2 * hp + 0] = (g8 & 1u) ? h[8 + 2 * j] : h[2 * j];
+                                va[j][2 * hp + 1] = (g8 & 1u) ? h[9 + 2 * j] : h[2 * j + 1];
+                            } else {
+                                va[nu * MPU + j][2 * hp + 0] = h[2 * j];
+                                va[nu * MPU + j][2 * hp + 1] = h[2 * j + 1];
+                            }
                         }
                     }
                 }
             }
-        }
 #pragma unroll
-        for (int i = 0; i < KS; i++)
-            mma16816(o[i], va[i][0], va[i][1], va[i][2], va[i][3], pb0, pb1);
-        __syncwarp(); /* the stage is refilled by the next iteration's issue */
-        head = head + 1 == (uint32_t)NS ? 0u : head + 1;
+            for (int i = 0; i < KS; i++)
+                mma16816(o[i], va[i][0], va[i][1], va[i][2], va[i][3], pb0, pb1);
+        }
+        __syncwarp(); /* the stages are refilled by the next iteration's issue */
+        head = head + TPI == (uint32_t)NS ? 0u : head + TPI;
     }
     cp_wait<0>();
     TRACE(3 + 3 * FMT);
