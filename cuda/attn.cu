@@ -58,18 +58,48 @@ constexpr int kMaxGroup = 8;         /* query heads per block */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-/* TQ3 operands (layout 2, kv_format.h). A unit's pair becomes the f16x2 (1 + c_lo/8,
- * 1 + c_hi/8), exact; the kernels fold the affine maps around the MMA:
- *   K: level C(c) = Δ(c − 3.5) = 8Δ(x − kTq3Mid), so q̃·C = 8Δ(Σ q̃ x − kTq3Mid Σ q̃): 8Δ goes
- *      into the per-token factor with γ, kTq3Mid·Σ q̃ is one per-head constant computed from
- *      the same FP16 query operands the MMA reads, so the subtraction adds no rounding of its
- *      own beyond fp32.
- *   V: s·c + z = 8s(x − kTq3Mid) + (z + 3.5s). P' = FP16(p · 8s · F) enters the MMA; the
- *      kernel accumulates Σ P' per head from the SAME rounded P' and subtracts kTq3Mid · Σ P'
- *      at the end, so the P' rounding multiplies |x − kTq3Mid| ≤ 0.4375 (layout 1 put the codes
- *      0..7 in the MMA with P' = p·s: twice that error); z + 3.5s is carried in fp32. */
-constexpr float kTq3Mid = 1.4375f; /* 1 + 3.5/8: the operand value of the grid's centre */
-constexpr float kTq3KeyStep8 = 8.0f * KV_TQ3_KEY_STEP;
+/* TQ3 operands (layout 2, kv_format.h; v13). A code c becomes an FP16 SUBNORMAL operand
+ * x = c · 2^(e − 24) with no arithmetic: pairs 0-2 of each unit word sit at bits 3j, 16 + 3j
+ * (j ≤ 2: inside the 10-bit mantissa field, exponent field 0), so one AND (LOP3) yields the
+ * f16x2; pairs 3-4 take one shift of the word by 9 for both; pair 15 gathers its bits. The
+ * exponent e of pair p is tq3_pair_exp(p) = 3·((p % 5) % 3), 0 for pair 15. The kernels fold
+ * 2^(24 − e) into the other side of each product, where it costs nothing per token:
+ *   K: the query operand of the coordinate pair is q·2^(24 − e − Z) (an exact power-of-two
+ *      scaling before its FP16 rounding; Z, uniform over the warp, keeps the largest < 2^15).
+ *      The level is C(c) = Δ(c − 3.5), so q·C = Δ·2^Z·(S − 3.5·Σ q'·2^(e − 24)) with S the MMA
+ *      result; the offset sum is taken from the same FP16 operands the MMA reads, and Δ·2^Z
+ *      joins γ in the per-token factor.
+ *   V: s·c + z = s(c − 3.5) + (z + 3.5s). P' = FP16(p·s·F) enters the MMA; Σ P' per head is
+ *      accumulated from the SAME rounded P', and each output coordinate is
+ *      (O·2^(24 − e) − 3.5·Σ P')/F + Σ p(z + 3.5s), so P''s rounding multiplies |c − 3.5| ≤ 3.5
+ *      (layout 1 put c ≤ 7 itself in the MMA); z + 3.5s is carried in fp32.
+ * FP16 subnormals are exact operands of mma.sync (products are formed exactly, accumulation
+ * is fp32). v9-v12 used the normal form 1 + c/8 (a shift and a LOP3 for every pair). */
+constexpr float kTq3Mid = 3.5f; /* the code at the centre of the grid */
+
+__host__ __device__ constexpr uint32_t tq3_pair_exp(uint32_t p)
+{
+    return p == 15 ? 0u : 3u * ((p % 5u) % 3u);
+}
+/* 2^k for an integer k in [−126, 127], exact */
+__device__ __forceinline__ float pow2i(int k)
+{
+    return __int_as_float((127 + k) << 23);
+}
+/* Unit pair of the K operand a lane holds at k-step st, half h (h = 0: k positions 2t, 2t+1;
+ * 1: 2t+8, 2t+9). d ≥ 128: pair 2(st % 8) + h of unit t + 4(st / 8); d = 64: unit t/2, pair
+ * 8(t & 1) + 2st + h (the fragment layouts at the top of this file). */
+template <int D> __device__ __forceinline__ uint32_t tq3_kpair(int st, int h, uint32_t t4)
+{
+    return D == 64 ? 8u * (t4 & 1u) + 2u * (uint32_t)st + (uint32_t)h
+                   : 2u * (uint32_t)(st % 8) + (uint32_t)h;
+}
+/* Unit pair of the V operand row hr (0: row g, 1: row g + 8) of m-tile i, lane row g8. */
+template <int D> __device__ __forceinline__ uint32_t tq3_vpair(int i, int hr, uint32_t g8)
+{
+    return D == 64 ? 8u * (g8 & 1u) + 2u * (uint32_t)i + (uint32_t)hr
+                   : 2u * (uint32_t)(i % 8) + (uint32_t)hr;
+}
 
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1)
@@ -98,32 +128,57 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
     return __byte_perm(a, b, sel);
 }
 
-/* The 16 pairs of a TQ3 unit (words w0..w2) as f16x2 operands (1 + c_lo/8, 1 + c_hi/8):
- * pair p < 15 is one shift and one LOP3 — the shift by 7 − 3(p%5) puts the low code at bits
- * 7..9 (the top of an FP16 mantissa) and the high code at 23..25, the LOP3 masks them and ORs
- * the exponent of 1.0; pair 15 gathers its bits from bit 15 / 31 of the three words. */
-__device__ __forceinline__ uint32_t tq3_h2(uint32_t x)
-{
-    /* one LOP3 (x & M) | E: SASS LOP3 takes a single immediate, so written in C this was two
-     * (AND, then OR); with E as a register operand ptxas keeps one LOP3 and hoists E's MOV
-     * out of the loop (v12: −60 instructions per TQ3 tile at d = 128) */
-    uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "r"(0x03800380u), "r"(0x3C003C00u));
-    return r;
-}
+/* The 16 pairs of a TQ3 unit (words w0..w2) as f16x2 subnormal operands c·2^(e − 24) (above):
+ * one AND per pair for pairs 0-2 of a word, one shift and an AND each for pairs 3-4, six
+ * instructions for pair 15 — 24 per unit (v12's normal form 1 + c/8 took 36). */
 __device__ __forceinline__ void tq3_unit(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t (&h)[16])
 {
     const uint32_t w[3] = {w0, w1, w2};
 #pragma unroll
     for (int k = 0; k < 3; k++) {
-        h[5 * k + 0] = tq3_h2(w[k] << 7);
-        h[5 * k + 1] = tq3_h2(w[k] << 4);
-        h[5 * k + 2] = tq3_h2(w[k] << 1);
-        h[5 * k + 3] = tq3_h2(w[k] >> 2);
-        h[5 * k + 4] = tq3_h2(w[k] >> 5);
+        const uint32_t hi = w[k] >> 9;
+        h[5 * k + 0] = w[k] & 0x00070007u;
+        h[5 * k + 1] = w[k] & 0x00380038u;
+        h[5 * k + 2] = w[k] & 0x01C001C0u;
+        h[5 * k + 3] = hi & 0x00070007u;
+        h[5 * k + 4] = hi & 0x00380038u;
     }
-    const uint32_t ab = ((w0 >> 8) & 0x00800080u) | ((w1 >> 7) & ~0x00800080u);
-    h[15] = tq3_h2((ab & 0x01800180u) | ((w2 >> 6) & ~0x01800180u));
+    /* bit b of pair 15's codes is bit 15 / 31 of word b; gathered to bits b / 16 + b */
+    const uint32_t ab = ((w0 >> 15) & 0x00010001u) | ((w1 >> 14) & ~0x00010001u);
+    h[15] = ((ab & 0x00030003u) | ((w2 >> 13) & ~0x00030003u)) & 0x00070007u;
+}
+/* TQ3 query operands (above): the lane's K-side values v (already times the softmax factor)
+ * become qa = FP16(v · 2^(24 − e − Z)) with Z uniform over the warp; returns Z, and in qs the
+ * lane's Σ qa · 2^(e − 24) for the 3.5 offset. */
+template <int D>
+__device__ __forceinline__ int tq3_query(const float (&v)[D / 16][4], uint32_t t4,
+                                         uint32_t (&qa)[D / 16][2], float &qs)
+{
+    float m = 0.0f;
+#pragma unroll
+    for (int st = 0; st < D / 16; st++)
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(v[st][0]), fabsf(v[st][1])),
+                           fmaxf(fabsf(v[st][2]), fabsf(v[st][3]))));
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    int ex = 0;
+    if (m > 0.0f && m <= FLT_MAX)
+        frexpf(m, &ex); /* m < 2^ex, so |v| · 2^(24 − Z) < 2^15 */
+    const int Z = min(max(9 + ex, -90), 100);
+    qs = 0.0f;
+#pragma unroll
+    for (int st = 0; st < D / 16; st++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int e = (int)tq3_pair_exp(tq3_kpair<D>(st, h, t4));
+            const float sc = pow2i(24 - e - Z);
+            qa[st][h] = pack_half2(v[st][2 * h] * sc, v[st][2 * h + 1] * sc);
+            const float2 r = __half22float2(*reinterpret_cast<const __half2 *>(&qa[st][h]));
+            qs += (r.x + r.y) * pow2i(e - 24);
+        }
+    }
+    return Z;
 }
 /* 2^x by the SFU alone (v10): exp2f adds a range test and two multiplies around it to keep
  * results below 2^-126 exact; a probability that small is 0 to every sum here. ex2(−inf) = +0.
@@ -232,17 +287,26 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
         qf *= 1.0f / (float)D; /* R's 1/sqrt(d) and the centroids' 1/sqrt(d) */
     }
     uint32_t qa[KS][2];
-    float qsum = 0.0f; /* TQ3: Σ of head g8's FP16 query operands (kTq3Mid term) */
+    float qv[KS][4];
 #pragma unroll
     for (int st = 0; st < KS; st++) {
         const uint32_t c = 4u * ((st / R) * 4 * R + t4 * R + st % R);
-        qa[st][0] = pack_half2(s_q[g8][c] * qf, s_q[g8][c + 1] * qf);
-        qa[st][1] = pack_half2(s_q[g8][c + 2] * qf, s_q[g8][c + 3] * qf);
-        qsum += h2sum(qa[st][0], qa[st][1]);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            qv[st][k] = s_q[g8][c + k] * qf;
+        qa[st][0] = pack_half2(qv[st][0], qv[st][1]);
+        qa[st][1] = pack_half2(qv[st][2], qv[st][3]);
     }
-    qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);
-    qsum += __shfl_xor_sync(0xffffffffu, qsum, 2);
-    const float kcorr = kTq3Mid * qsum;
+    /* TQ3: scaled operands; the key step with 2^Z in kstep, head g8's offset in kcorr */
+    float kcorr = 0.0f, kstep = 0.0f;
+    if (FMT == KV_FMT_TQ3) {
+        float qsum;
+        const int Z = tq3_query<D>(qv, t4, qa, qsum);
+        qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);
+        qsum += __shfl_xor_sync(0xffffffffu, qsum, 2);
+        kcorr = kTq3Mid * qsum;
+        kstep = KV_TQ3_KEY_STEP * pow2i(Z);
+    }
 
     const uint64_t page_bytes = kv_page_bytes(&geo, (kv_fmt_t)FMT);
     const uint64_t koff = kv_block_offset(&geo, (kv_fmt_t)FMT, a.layer, KV_KIND_K, kvh);
@@ -329,9 +393,9 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
                     } else { /* the operand forms of the TQ3 maps (kTq3Mid above) */
                         const float sc =
                             half_bits(reinterpret_cast<const uint16_t *>(vm)[tv[j].slot]);
-                        kfac[j] = kTq3KeyStep8 *
-                                  half_bits(reinterpret_cast<const uint16_t *>(km)[tv[j].slot]);
-                        vsc[j] = 8.0f * sc;
+                        kfac[j] =
+                            kstep * half_bits(reinterpret_cast<const uint16_t *>(km)[tv[j].slot]);
+                        vsc[j] = sc;
                         vz[j] = half_bits(reinterpret_cast<const uint16_t *>(vm)[pt + tv[j].slot]) +
                                 3.5f * sc;
                     }
@@ -551,6 +615,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
     /* o's columns are heads 2t, 2t+1; their Σ P' lives in lanes 8t and 8t + 4 */
     const float cA = kTq3Mid * __shfl_sync(0xffffffffu, c_part, 8 * t4);
     const float cB = kTq3Mid * __shfl_sync(0xffffffffu, c_part, 8 * t4 + 4);
+    /* TQ3: row r of m-tile i carries 2^(e − 24) of its unit pair (kTq3Mid above) */
     __syncthreads(); /* every warp is done with the smem that s_o overlays */
     float *s_o = reinterpret_cast<float *>(smem); /* [kWarps][kMaxGroup][D] */
     if (t4 == 0) {
@@ -565,9 +630,14 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
         for (int hr = 0; hr < 2; hr++) {
             const uint32_t x = 4u * (g8 * (D / 32) + i / 2) + 2u * (i % 2) + hr;
             float *base = s_o + ((size_t)warp * kMaxGroup) * D;
-            base[(2 * t4) * D + x] = (o[i][2 * hr] - (FMT == KV_FMT_TQ3 ? cA : 0.0f)) * invF;
-            base[(2 * t4 + 1) * D + x] =
-                (o[i][2 * hr + 1] - (FMT == KV_FMT_TQ3 ? cB : 0.0f)) * invF;
+            if (FMT == KV_FMT_TQ3) {
+                const float vs = pow2i(24 - (int)tq3_pair_exp(tq3_vpair<D>(i, hr, g8)));
+                base[(2 * t4) * D + x] = (o[i][2 * hr] * vs - cA) * invF;
+                base[(2 * t4 + 1) * D + x] = (o[i][2 * hr + 1] * vs - cB) * invF;
+            } else {
+                base[(2 * t4) * D + x] = o[i][2 * hr] * invF;
+                base[(2 * t4 + 1) * D + x] = o[i][2 * hr + 1] * invF;
+            }
         }
     }
     __syncthreads();
@@ -919,21 +989,22 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         qf *= 1.0f / (float)D;
     }
     uint32_t qa[KS][2];
+    float qv[KS][4];
 #pragma unroll
     for (int st = 0; st < KS; st++) {
         const uint32_t c = 4u * ((st / R) * 4 * R + t4 * R + st % R);
         const float4 v = *reinterpret_cast<const float4 *>(&sm.q[g8][c]);
-        qa[st][0] = pack_half2(v.x * qf, v.y * qf);
-        qa[st][1] = pack_half2(v.z * qf, v.w * qf);
+        qv[st][0] = v.x * qf, qv[st][1] = v.y * qf, qv[st][2] = v.z * qf, qv[st][3] = v.w * qf;
+        qa[st][0] = pack_half2(qv[st][0], qv[st][1]);
+        qa[st][1] = pack_half2(qv[st][2], qv[st][3]);
     }
-    /* TQ3: kTq3Mid · Σ of each head's FP16 query operands (the key level's offset, attn.cu
-     * top); this lane holds head g8's, its S columns are heads 2t, 2t+1 (lanes 8t, 8t+4) */
-    float kc2[2] = {0.0f, 0.0f};
+    /* TQ3 (kTq3Mid at the top): scaled operands, the key step with 2^Z, and 3.5 · Σ of each
+     * head's operands; this lane holds head g8's, its S columns are heads 2t, 2t+1 (lanes 8t,
+     * 8t + 4) */
+    float kc2[2] = {0.0f, 0.0f}, kstep = 0.0f;
     if (FMT == KV_FMT_TQ3) {
-        float qs = 0.0f;
-#pragma unroll
-        for (int st = 0; st < KS; st++)
-            qs += h2sum(qa[st][0], qa[st][1]);
+        float qs;
+        kstep = KV_TQ3_KEY_STEP * pow2i(tq3_query<D>(qv, t4, qa, qs));
         qs += __shfl_xor_sync(0xffffffffu, qs, 1);
         qs += __shfl_xor_sync(0xffffffffu, qs, 2);
         kc2[0] = kTq3Mid * __shfl_sync(0xffffffffu, qs, 8 * t4);
@@ -987,9 +1058,9 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                     } else { /* the operand forms of the TQ3 maps (kTq3Mid) */
                         const float sc =
                             half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 32)[tk[j]]);
-                        kfac[j] = kTq3KeyStep8 *
-                                  half_bits(reinterpret_cast<const uint16_t *>(st + 6 * D)[tk[j]]);
-                        vsc[j] = 8.0f * sc;
+                        kfac[j] =
+                            kstep * half_bits(reinterpret_cast<const uint16_t *>(st + 6 * D)[tk[j]]);
+                        vsc[j] = sc;
                         vz[j] =
                             half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 64)[tk[j]]) +
                             3.5f * sc;
@@ -1249,8 +1320,15 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         for (int hr = 0; hr < 2; hr++) {
             const uint32_t x = 4u * (g8 * (D / 32) + i / 2) + 2u * (i % 2) + hr;
             float *base = s_o + ((size_t)warp * kMaxGroup) * C::kORow + x + x / 32;
-            base[(2 * t4) * C::kORow] = (o[i][2 * hr] - kTq3Mid * c_part2[0]) * invF;
-            base[(2 * t4 + 1) * C::kORow] = (o[i][2 * hr + 1] - kTq3Mid * c_part2[1]) * invF;
+            if (FMT == KV_FMT_TQ3) { /* row r of m-tile i carries 2^(e − 24) of its pair */
+                const float vs = pow2i(24 - (int)tq3_pair_exp(tq3_vpair<D>(i, hr, g8)));
+                base[(2 * t4) * C::kORow] = (o[i][2 * hr] * vs - kTq3Mid * c_part2[0]) * invF;
+                base[(2 * t4 + 1) * C::kORow] =
+                    (o[i][2 * hr + 1] * vs - kTq3Mid * c_part2[1]) * invF;
+            } else {
+                base[(2 * t4) * C::kORow] = o[i][2 * hr] * invF;
+                base[(2 * t4 + 1) * C::kORow] = o[i][2 * hr + 1] * invF;
+            }
         }
     }
     __syncthreads();
