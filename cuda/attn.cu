@@ -745,6 +745,11 @@ __device__ __forceinline__ void cp16(void *dst, const void *src)
     const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
+/* the same with a shared-window address already in 32 bits */
+__device__ __forceinline__ void cp16s(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_commit()
 {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -875,69 +880,78 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     uint64_t it_base = (uint64_t)bk.p0 + warp;
     uint32_t it_mask = 0, it_phys = 0, it_ntok = 0;
     uint32_t cur_phys = 0, cur_ntok = 0, cur_tok = 0;
-    auto next = [&](uint32_t &phys, uint32_t &tok0, uint32_t &n) {
-        for (;;) {
-            if (cur_tok < cur_ntok) {
-                phys = cur_phys;
-                tok0 = cur_tok;
-                n = min(16u, cur_ntok - cur_tok);
-                cur_tok += 16u;
-                return;
+    /* one directory batch: the warp's next 32 pages, one per lane; it_mask marks those of
+     * format FMT */
+    auto refill = [&]() {
+        const uint64_t p = it_base + (uint64_t)kFWarps * lane;
+        bool keep = false;
+        it_phys = it_ntok = 0;
+        if (p < bk.p1) {
+            const uint32_t id = a.page_ids[bk.ip0 + p];
+            if (id < a.dir_len) {
+                const kv_dir_entry_t e = a.dir[id];
+                it_phys = kv_dir_phys(e);
+                keep = (kv_dir_flags(e) & KV_DIR_VALID) && kv_dir_fmt(e) == (kv_fmt_t)FMT &&
+                       it_phys < a.pools.pages[FMT];
+                it_ntok = (uint32_t)min((uint64_t)pt, (uint64_t)bk.len - p * pt);
             }
-            if (it_mask) {
-                const int l = __ffs(it_mask) - 1;
-                it_mask &= it_mask - 1u;
-                cur_phys = __shfl_sync(0xffffffffu, it_phys, l);
-                cur_ntok = __shfl_sync(0xffffffffu, it_ntok, l);
-                cur_tok = 0;
-                continue;
-            }
-            if (it_base >= bk.p1) {
-                phys = tok0 = n = 0;
-                return;
-            }
-            const uint64_t p = it_base + (uint64_t)kFWarps * lane;
-            bool keep = false;
-            it_phys = it_ntok = 0;
-            if (p < bk.p1) {
-                const uint32_t id = a.page_ids[bk.ip0 + p];
-                if (id < a.dir_len) {
-                    const kv_dir_entry_t e = a.dir[id];
-                    it_phys = kv_dir_phys(e);
-                    keep = (kv_dir_flags(e) & KV_DIR_VALID) && kv_dir_fmt(e) == (kv_fmt_t)FMT &&
-                           it_phys < a.pools.pages[FMT];
-                    it_ntok = (uint32_t)min((uint64_t)pt, (uint64_t)bk.len - p * pt);
-                }
-            }
-            it_mask = __ballot_sync(0xffffffffu, keep);
-            it_base += (uint64_t)kFWarps * 32u;
         }
+        it_mask = __ballot_sync(0xffffffffu, keep);
+        it_base += (uint64_t)kFWarps * 32u;
+    };
+    /* v14: the common case (the next tile starts a page that the current batch holds) is
+     * straight-line code; only a batch refill loops */
+    auto next = [&](uint32_t &phys, uint32_t &tok0, uint32_t &n) {
+        if (cur_tok >= cur_ntok) {
+            while (it_mask == 0) {
+                if (it_base >= bk.p1) {
+                    phys = tok0 = n = 0;
+                    return;
+                }
+                refill();
+            }
+            const int l = __ffs(it_mask) - 1;
+            it_mask &= it_mask - 1u;
+            cur_phys = __shfl_sync(0xffffffffu, it_phys, l);
+            cur_ntok = __shfl_sync(0xffffffffu, it_ntok, l);
+            cur_tok = 0;
+        }
+        phys = cur_phys;
+        tok0 = cur_tok;
+        n = min(16u, cur_ntok - cur_tok);
+        cur_tok += 16u;
     };
     /* v10: a TQ3 stage is one contiguous run of 16-byte chunks in shared memory (K codes, γ,
      * V codes, scale, zero: 12D + 96 bytes) gathered from five runs of the page. Lane chunks
      * c = lane + 32j are fixed for the phase: their offset from the page's K block at tok0 = 0
      * and their growth per token (codes: 12·D/32 bytes, FP16 metadata: 2) are computed once,
-     * so a tile costs one page address and, per chunk, an IMAD, a 64-bit add and the cp.async
-     * (v9 spent ~90 instructions per tile in five cp_seg loops and their 64-bit address math).
-     * Offsets inside one layer fit 32 bits (a layer is < 2^30 bytes at the geometry limits). */
+     * so a tile costs one page address and, per chunk, a 64-bit add and the cp.async (v9
+     * spent ~90 instructions per tile in five cp_seg loops and their 64-bit address math; v14
+     * takes the shared addresses as 32-bit values and skips the per-token terms when the tile
+     * starts its page, as every tile does at page_tokens = 16). Offsets inside one layer fit
+     * 32 bits (a layer is < 2^30 bytes at the geometry limits). */
     constexpr int NCH = (int)((C::kStageT / 16 + 31) / 32);
-    uint32_t coff[NCH], cmul[NCH];
+    uint32_t coff[NCH], cmeta = 0; /* bit j: chunk j is FP16 metadata (grows 2 B per token) */
+    const bool last_ok = 16u * (lane + 32u * (NCH - 1)) < C::kStageT;
+    const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring) + 16u * lane;
     if (FMT == KV_FMT_TQ3) {
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             const uint32_t b = 16u * (lane + 32u * (uint32_t)j);
             const uint32_t vk = (uint32_t)(voff - koff);
-            coff[j] = cmul[j] = 0u;
-            if (b < 6u * D)
-                coff[j] = b, cmul[j] = 12u * (D / 32);
-            else if (b < 6u * D + 32u)
-                coff[j] = (uint32_t)kmoff + (b - 6u * D), cmul[j] = 2u;
-            else if (b < 12u * D + 32u)
-                coff[j] = vk + (b - 6u * D - 32u), cmul[j] = 12u * (D / 32);
-            else if (b < 12u * D + 64u)
-                coff[j] = vk + (uint32_t)vmoff + (b - 12u * D - 32u), cmul[j] = 2u;
-            else
-                coff[j] = vk + (uint32_t)vmoff + 2u * pt + (b - 12u * D - 64u), cmul[j] = 2u;
+            coff[j] = 0u;
+            if (b < 6u * D) {
+                coff[j] = b;
+            } else if (b < 6u * D + 32u) {
+                coff[j] = (uint32_t)kmoff + (b - 6u * D), cmeta |= 1u << j;
+            } else if (b < 12u * D + 32u) {
+                coff[j] = vk + (b - 6u * D - 32u);
+            } else if (b < 12u * D + 64u) {
+                coff[j] = vk + (uint32_t)vmoff + (b - 12u * D - 32u), cmeta |= 1u << j;
+            } else {
+                coff[j] = vk + (uint32_t)vmoff + 2u * pt + (b - 12u * D - 64u);
+                cmeta |= 1u << j;
+            }
         }
     }
     auto issue = [&](uint32_t stage) {
@@ -955,11 +969,18 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                 cp_seg(st + 32 * D + 64, pg + voff + vmoff + 4ull * tok0, 64u, lane);
             } else { /* K units of tokens tok0…, V units of pairs tok0/2… (tok0 even) */
                 const uint8_t *kb = pg + koff;
+                const uint32_t ss = ring_s + stage * STAGE;
+                if (tok0 == 0) {
 #pragma unroll
-                for (int j = 0; j < NCH; j++) {
-                    const uint32_t b = 16u * (lane + 32u * (uint32_t)j);
-                    if (b < C::kStageT)
-                        cp16(st + b, kb + (coff[j] + tok0 * cmul[j]));
+                    for (int j = 0; j < NCH; j++)
+                        if (j < NCH - 1 || last_ok)
+                            cp16s(ss + 512u * j, kb + coff[j]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < NCH; j++)
+                        if (j < NCH - 1 || last_ok)
+                            cp16s(ss + 512u * j,
+                                  kb + coff[j] + tok0 * ((cmeta >> j) & 1u ? 2u : 12u * (D / 32)));
                 }
             }
         }
