@@ -822,28 +822,34 @@ template <int D> struct FastSmem {
     uint8_t *buf;
 };
 
-/* In-place FWHT of the kMaxGroup rows of q (unnormalised), ending with a barrier. v7: the
- * stages are unrolled, so the half-size hs is a constant and (j / hs, j % hs) are a shift and
- * a mask instead of two run-time integer divisions per butterfly (the TQ3 prologue and
- * epilogue run one each; TQ3 and mix 1-5% faster, docs/perf.md). The butterfly loop stays
- * rolled: unrolled, it pushed the d = 128 kernel past 128 registers (48 bytes of spills). */
-template <int D>
-__device__ __forceinline__ void fwht_smem(float (*q)[FastQRow<D>::kLen], uint32_t tid)
+/* v15: in-register FWHT (unnormalised) of one row of D values held by a warp, lane ℓ holding
+ * elements ℓ·D/32 … +D/32 − 1: the butterflies within a lane first, then one xor-shuffle per
+ * remaining stage (the lane with the bit clear keeps a + b, the other b − a's negation, a − b).
+ * v7/v8 ran the stages in shared memory with a block barrier each (log2 D of them, in the
+ * prologue and again in the epilogue of every TQ3 phase: ~16k and ~7k cycles per block at
+ * d = 128 in the timeline probe). The summation order differs from kv_rot_forward's; the
+ * attention contract is a tolerance, not bits. */
+template <int D> __device__ __forceinline__ void fwht_warp(float (&v)[D / 32], uint32_t lane)
 {
+    constexpr int NE = D / 32;
 #pragma unroll
-    for (int lg = 0; (1 << lg) < D; lg++) {
-        constexpr uint32_t half = D / 2;
-        const uint32_t hs = 1u << lg;
-#pragma unroll 1
-        for (int k = 0; k < kMaxGroup * D / 2 / kFThreads; k++) {
-            const uint32_t i = tid + (uint32_t)k * kFThreads;
-            const uint32_t h = i / half, j = i % half;
-            const uint32_t lo = ((j >> lg) << (lg + 1)) | (j & (hs - 1u));
-            const float x = q[h][lo], y = q[h][lo + hs];
-            q[h][lo] = x + y;
-            q[h][lo + hs] = x - y;
+    for (int h = 1; h < NE; h <<= 1) {
+#pragma unroll
+        for (int k = 0; k < NE; k++) {
+            if (!(k & h)) {
+                const float x = v[k], y = v[k + h];
+                v[k] = x + y;
+                v[k + h] = x - y;
+            }
         }
-        __syncthreads();
+    }
+#pragma unroll
+    for (uint32_t m = 1; m < 32; m <<= 1) {
+#pragma unroll
+        for (int k = 0; k < NE; k++) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[k], m);
+            v[k] = (lane & m) ? o - v[k] : v[k] + o;
+        }
     }
 }
 
@@ -987,28 +993,43 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         cp_commit();
     };
 
-    /* v7: the first NS-1 tiles are requested before the query is loaded and rotated, so the
-     * directory walk and the first copies overlap that prologue instead of following it */
+    /* v15: warp w loads query heads 2w, 2w + 1 (lane ℓ: coordinates ℓ·D/32 …) BEFORE the
+     * first NS − TPI tiles are requested (v7), so the query and the directory walk are in
+     * flight together; TQ3 rotates them in registers (fwht_warp); one barrier publishes them */
+    constexpr int NE = D / 32;
+    static_assert(kMaxGroup == 2 * kFWarps, "two query heads per warp in the prologue");
+    float qr[2][NE];
+#pragma unroll
+    for (int hw = 0; hw < 2; hw++) {
+        const uint32_t h = 2 * warp + hw;
+        const float *src = a.q + ((uint64_t)bk.s * a.q_heads + bk.h0 + h) * D + lane * NE;
+#pragma unroll
+        for (int k = 0; k < NE; k++)
+            qr[hw][k] = h < bk.gh ? src[k] : 0.0f;
+    }
 #pragma unroll
     for (int i = 0; i < NS - TPI; i++)
         issue((uint32_t)i);
-
-    for (uint32_t i = tid; i < kMaxGroup * D; i += kFThreads) {
-        const uint32_t h = i / D, x = i % D;
-        float v = 0.0f;
-        if (h < bk.gh) {
-            v = a.q[((uint64_t)bk.s * a.q_heads + bk.h0 + h) * D + x];
-            if (FMT == KV_FMT_TQ3)
-                v *= kv_rot_sign(geo.seed, x);
+    if (FMT == KV_FMT_TQ3) {
+#pragma unroll
+        for (int k = 0; k < NE; k++) {
+            const float sg = kv_rot_sign(geo.seed, lane * NE + k);
+            qr[0][k] *= sg;
+            qr[1][k] *= sg;
         }
-        sm.q[h][x] = v;
+        fwht_warp<D>(qr[0], lane);
+        fwht_warp<D>(qr[1], lane);
+    }
+#pragma unroll
+    for (int hw = 0; hw < 2; hw++) {
+#pragma unroll
+        for (int k = 0; k < NE; k++)
+            sm.q[2 * warp + hw][lane * NE + k] = qr[hw][k];
     }
     __syncthreads();
     float qf = a.sm_scale * kLog2e;
-    if (FMT == KV_FMT_TQ3) {
-        fwht_smem<D>(sm.q, tid);
+    if (FMT == KV_FMT_TQ3)
         qf *= 1.0f / (float)D;
-    }
     uint32_t qa[KS][2];
     float qv[KS][4];
 #pragma unroll
@@ -1379,29 +1400,38 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         }
     }
     __syncthreads();
-    for (uint32_t i = tid; i < kMaxGroup * D; i += kFThreads) {
-        const uint32_t h = i / D, x = i % D; /* h is warp-uniform (D ≥ 64) */
-        float acc = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kFWarps; w++) {
-            const float gw = sm.l[w][h];
-            if (gw != 0.0f)
-                acc += gw * (s_o[((size_t)w * kMaxGroup + h) * C::kORow + x + x / 32] +
-                             sm.z[w][h]);
-        }
-        sm.q[h][x] = acc;
-    }
-    __syncthreads();
-    if (FMT == KV_FMT_TQ3) {
-        fwht_smem<D>(sm.q, tid);
-    }
+    /* v15: warp w combines, un-rotates (TQ3) and stores heads 2w, 2w + 1 in registers, lane ℓ
+     * holding coordinates ℓ·D/32 … (the s_o reads are conflict-free with the padded rows) */
     const float post = FMT == KV_FMT_TQ3 ? (float)(1.0 / sqrt((double)D)) : 1.0f;
-    for (uint32_t i = tid; i < bk.gh * D; i += kFThreads) {
-        const uint32_t h = i / D, x = i % D;
-        float v = sm.q[h][x];
-        if (FMT == KV_FMT_TQ3)
-            v = v * post * kv_rot_sign(geo.seed, x);
-        a.part_o[(part * a.q_heads + bk.h0 + h) * D + x] = v;
+#pragma unroll
+    for (int hw = 0; hw < 2; hw++) {
+        const uint32_t h = 2 * warp + hw;
+        float v[NE];
+#pragma unroll
+        for (int k = 0; k < NE; k++) {
+            const uint32_t x = lane * NE + k;
+            float acc = 0.0f;
+#pragma unroll
+            for (int w = 0; w < kFWarps; w++) {
+                const float gw = sm.l[w][h];
+                if (gw != 0.0f)
+                    acc += gw * (s_o[((size_t)w * kMaxGroup + h) * C::kORow + x + x / 32] +
+                                 sm.z[w][h]);
+            }
+            v[k] = acc;
+        }
+        if (FMT == KV_FMT_TQ3) {
+            fwht_warp<D>(v, lane);
+#pragma unroll
+            for (int k = 0; k < NE; k++)
+                v[k] = v[k] * post * kv_rot_sign(geo.seed, lane * NE + k);
+        }
+        if (h < bk.gh) {
+            float *dst = a.part_o + (part * a.q_heads + bk.h0 + h) * D + lane * NE;
+#pragma unroll
+            for (int k = 0; k < NE; k++)
+                dst[k] = v[k];
+        }
     }
     TRACE(4 + 3 * FMT);
 }
