@@ -819,6 +819,7 @@ template <int D> struct FastSmem {
     float (*l)[kMaxGroup];
     float (*z)[kMaxGroup];
     uint32_t (*tn)[8];
+    uint32_t *sgn; /* [32]: bit k of word ℓ is the rotation sign of coordinate ℓ·D/32 + k */
     uint8_t *buf;
 };
 
@@ -1011,12 +1012,16 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     for (int i = 0; i < NS - TPI; i++)
         issue((uint32_t)i);
     if (FMT == KV_FMT_TQ3) {
+        uint32_t neg = 0; /* the signs again for the epilogue, one word per lane */
 #pragma unroll
         for (int k = 0; k < NE; k++) {
             const float sg = kv_rot_sign(geo.seed, lane * NE + k);
+            neg |= (sg < 0.0f ? 1u : 0u) << k;
             qr[0][k] *= sg;
             qr[1][k] *= sg;
         }
+        if (warp == 0)
+            sm.sgn[lane] = neg;
         fwht_warp<D>(qr[0], lane);
         fwht_warp<D>(qr[1], lane);
     }
@@ -1422,9 +1427,10 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         }
         if (FMT == KV_FMT_TQ3) {
             fwht_warp<D>(v, lane);
+            const uint32_t neg = sm.sgn[lane]; /* written before the prologue's barrier */
 #pragma unroll
             for (int k = 0; k < NE; k++)
-                v[k] = v[k] * post * kv_rot_sign(geo.seed, lane * NE + k);
+                v[k] = v[k] * ((neg >> k) & 1u ? -post : post);
         }
         if (h < bk.gh) {
             float *dst = a.part_o + (part * a.q_heads + bk.h0 + h) * D + lane * NE;
@@ -1458,6 +1464,7 @@ __global__ void __launch_bounds__(kFThreads, FastCfg<D>::kMinBlocks) attn_fast_k
     __shared__ __align__(16) float s_q[kMaxGroup][FastQRow<D>::kLen];
     __shared__ float s_m[kFWarps][kMaxGroup], s_l[kFWarps][kMaxGroup], s_z[kFWarps][kMaxGroup];
     __shared__ uint32_t s_tn[kFWarps][8];
+    __shared__ uint32_t s_sgn[32];
 
     TRACE_GT(10);
     TRACE(0);
@@ -1503,7 +1510,7 @@ __global__ void __launch_bounds__(kFThreads, FastCfg<D>::kMinBlocks) attn_fast_k
     const bool h8 = __syncthreads_or(has8) != 0;
     const bool ht = __syncthreads_or(hast) != 0;
 
-    FastSmem<D> sm = {s_q, s_m, s_l, s_z, s_tn, smem};
+    FastSmem<D> sm = {s_q, s_m, s_l, s_z, s_tn, s_sgn, smem};
     if (h8)
         fast_phase<D, KV_FMT_FP8>(a, bk, sm);
     else
