@@ -33,14 +33,13 @@
  *        m-tile i is coordinate 4·(g·d/32 + i/2) + 2·(i%2) + r/8.
  *        B = Pᵀ: exactly the S accumulator registers of the two QK n-tiles (no shuffles).
  *
- * Decoding: FP8 pairs → f16x2 by cvt.e4m3x2 (exact); TQ3: a 4096-entry table in shared memory
- * maps the three 4-bit plane nibbles of 4 coordinates to 4 halves (centroids for K, the
- * integer codes 0..7 for V), so 4 codes cost 3 shifts, 3 masks and one 8-byte load. The K
- * centroid enters as its FP16 rounding (≤ 3.3e-4 relative) and the query as FP16; the TQ3
- * value affine map is applied outside the MMA — Σ p·(zero + code·scale) = Σ p·zero +
- * Σ (p·scale)·code — so V codes are exact and zero is carried in fp32. P·scale goes into the
- * MMA as FP16; a per-warp power-of-two factor F (from the first tile's largest scale) keeps
- * it out of FP16's subnormal range. Accumulation is fp32 throughout.
+ * Decoding: FP8 pairs → f16x2 by cvt.e4m3x2 (exact). TQ3 (layout 2 of kv_format.h, whose
+ * units hold code pairs in exactly these operand orders): a pair becomes an f16x2 of FP16
+ * subnormals c·2^(e−24) by one AND (plus a shift for 2 of 5 pairs), and the kernels fold the
+ * factor 2^(24−e), the grid's centre and the affine maps around the MMA (kTq3Mid below says
+ * how, and why the rounding of the FP16 operands is not amplified). The query enters as FP16,
+ * P'·scale as FP16 with a per-warp power-of-two factor F (from the first tile's largest scale)
+ * that keeps it out of FP16's subnormal range. Accumulation is fp32 throughout.
  */
 #include "kvkern_cuda.h"
 
@@ -200,6 +199,45 @@ __device__ __forceinline__ float h2sum(uint32_t a, uint32_t b)
 __device__ __forceinline__ float half_bits(uint16_t b)
 {
     return __half2float(__ushort_as_half(b));
+}
+
+/* FP8 values, PV operand of both kernels: the D/8 code bytes of coordinates g8·D/8 … of one
+ * token (row), as D/32 words; zeros for a token that is not in the sequence (row == nullptr:
+ * its bytes may be NaN codes, and 0 · NaN would poison the MMA). */
+template <int D> __device__ __forceinline__ void fp8_vrow(const uint8_t *row, uint32_t (&w)[D / 32])
+{
+    if (!row) {
+#pragma unroll
+        for (int c = 0; c < D / 32; c++)
+            w[c] = 0u;
+    } else if (D == 64) {
+        const uint2 v = *reinterpret_cast<const uint2 *>(row);
+        w[0] = v.x, w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int c4 = 0; c4 < D / 128; c4++) {
+            const uint4 v = reinterpret_cast<const uint4 *>(row)[c4];
+            w[4 * c4 + 0] = v.x, w[4 * c4 + 1] = v.y, w[4 * c4 + 2] = v.z, w[4 * c4 + 3] = v.w;
+        }
+    }
+}
+/* Vᵀ A fragments from the words of tokens 2t, 2t+1, 2t+8, 2t+9 (vw[0..3]): m-tile 2c, 2c+1
+ * take word c's bytes pairwise across the token pair, widened exactly to f16x2. */
+template <int D>
+__device__ __forceinline__ void fp8_vfrag(const uint32_t (&vw)[4][D / 32], uint32_t (&va)[D / 16][4])
+{
+#pragma unroll
+    for (int c = 0; c < D / 32; c++) {
+#pragma unroll
+        for (int hp = 0; hp < 2; hp++) { /* token pair (2t, 2t+1) / (2t+8, 2t+9) */
+            const uint32_t x0 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x5140);
+            const uint32_t x1 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x7362);
+            va[2 * c][2 * hp + 0] = fp8x2_to_h2(x0 & 0xffffu);
+            va[2 * c][2 * hp + 1] = fp8x2_to_h2(x0 >> 16);
+            va[2 * c + 1][2 * hp + 0] = fp8x2_to_h2(x1 & 0xffffu);
+            va[2 * c + 1][2 * hp + 1] = fp8x2_to_h2(x1 >> 16);
+        }
+    }
 }
 
 /* Per-block constants of one launch. */
@@ -522,39 +560,12 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
             if (FMT == KV_FMT_FP8) {
                 uint32_t vw[4][NC];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    if (tv[j].page) {
-                        const uint8_t *row =
-                            tv[j].page + voff + (uint64_t)tv[j].slot * D + g8 * (D / 8);
-                        if (D == 64) {
-                            const uint2 v = *reinterpret_cast<const uint2 *>(row);
-                            vw[j][0] = v.x, vw[j][1] = v.y;
-                        } else {
-#pragma unroll
-                            for (int c4 = 0; c4 < NC / 4; c4++) {
-                                const uint4 v = reinterpret_cast<const uint4 *>(row)[c4];
-                                vw[j][4 * c4 + 0] = v.x, vw[j][4 * c4 + 1] = v.y;
-                                vw[j][4 * c4 + 2] = v.z, vw[j][4 * c4 + 3] = v.w;
-                            }
-                        }
-                    } else {
-#pragma unroll
-                        for (int c = 0; c < NC; c++)
-                            vw[j][c] = 0u;
-                    }
-                }
-#pragma unroll
-                for (int c = 0; c < NC; c++) {
-#pragma unroll
-                    for (int hp = 0; hp < 2; hp++) { /* token pair (2t,2t+1) / (2t+8,2t+9) */
-                        const uint32_t x0 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x5140);
-                        const uint32_t x1 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x7362);
-                        va[2 * c][2 * hp + 0] = fp8x2_to_h2(x0 & 0xffffu);
-                        va[2 * c][2 * hp + 1] = fp8x2_to_h2(x0 >> 16);
-                        va[2 * c + 1][2 * hp + 0] = fp8x2_to_h2(x1 & 0xffffu);
-                        va[2 * c + 1][2 * hp + 1] = fp8x2_to_h2(x1 >> 16);
-                    }
-                }
+                for (int j = 0; j < 4; j++)
+                    fp8_vrow<D>(tv[j].page ? tv[j].page + voff + (uint64_t)tv[j].slot * D +
+                                                 g8 * (D / 8)
+                                           : nullptr,
+                                vw[j]);
+                fp8_vfrag<D>(vw, va);
             } else {
                 /* the lane's coordinates (D/8)·g8 + 2i + r/8 (m-tile i, row r) are pairs of the V
                  * units (D/8)·g8/16 … of a token pair. The tile's tokens 2t, 2t+1 need not be a
@@ -704,11 +715,10 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
  *   - each warp finds its pages itself (32 directory entries per ballot), no block barrier in
  *     the main loop; a block handles both formats in one launch, one phase per format, and
  *     skips a phase whose format has no page in its split (pre-scan of the directory).
- *   - TQ3 K: a 64-entry table (2 coordinates × 3 planes → FP16 centroid pair) replicated per
- *     lane (word e·32 + lane: every lane hits its own bank, no conflicts, 8 KB).
- *   - TQ3 V: no table; the codes of two tokens at one coordinate become an f16x2 by bit ops:
- *     0x6400 | code is the FP16 1024 + code, minus 1024 (exact). Plane words are regrouped
- *     once per token (pair) so that each code (pair) costs one rotate and one mask (v3).
+ *   - TQ3 K and V (v9-v13, layout 2): no table, no plane regrouping; a K unit is one token's
+ *     32 coordinates of a lane's k positions, a V unit one coordinate range of a token pair,
+ *     each decoded by tq3_unit in 24 instructions (v5's tables and regrouping took ~310 per
+ *     16-token tile, docs/perf.md). Two tiles per loop iteration (v11).
  *   - QK as Sᵀ = K·Qᵀ: the 16 tokens fill the MMA rows (v4); P is moved back to the PV
  *     operand layout by two movmatrix.trans.
  *   - 4 warps per block, 4 blocks per SM at d ≤ 128 (≤ 128 registers), 2 at d = 256; splits
@@ -1262,40 +1272,12 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
             uint32_t va[KS][4];
             if (FMT == KV_FMT_FP8) {
                 uint32_t vw[4][NC];
+                /* out-of-sequence FP8 bytes may be NaN codes: never use them */
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    if (tv[j] <
-                        n) { /* out-of-sequence FP8 bytes may be NaN codes: never use them */
-                        const uint8_t *row = st + 16 * D + 64 + tv[j] * D + g8 * (D / 8);
-                        if (D == 64) {
-                            const uint2 v = *reinterpret_cast<const uint2 *>(row);
-                            vw[j][0] = v.x, vw[j][1] = v.y;
-                        } else {
-#pragma unroll
-                            for (int c4 = 0; c4 < NC / 4; c4++) {
-                                const uint4 v = reinterpret_cast<const uint4 *>(row)[c4];
-                                vw[j][4 * c4 + 0] = v.x, vw[j][4 * c4 + 1] = v.y;
-                                vw[j][4 * c4 + 2] = v.z, vw[j][4 * c4 + 3] = v.w;
-                            }
-                        }
-                    } else {
-#pragma unroll
-                        for (int c = 0; c < NC; c++)
-                            vw[j][c] = 0u;
-                    }
-                }
-#pragma unroll
-                for (int c = 0; c < NC; c++) {
-#pragma unroll
-                    for (int hp = 0; hp < 2; hp++) {
-                        const uint32_t x0 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x5140);
-                        const uint32_t x1 = prmt(vw[2 * hp][c], vw[2 * hp + 1][c], 0x7362);
-                        va[2 * c][2 * hp + 0] = fp8x2_to_h2(x0 & 0xffffu);
-                        va[2 * c][2 * hp + 1] = fp8x2_to_h2(x0 >> 16);
-                        va[2 * c + 1][2 * hp + 0] = fp8x2_to_h2(x1 & 0xffffu);
-                        va[2 * c + 1][2 * hp + 1] = fp8x2_to_h2(x1 >> 16);
-                    }
-                }
+                for (int j = 0; j < 4; j++)
+                    fp8_vrow<D>(tv[j] < n ? st + 16 * D + 64 + tv[j] * D + g8 * (D / 8) : nullptr,
+                                vw[j]);
+                fp8_vfrag<D>(vw, va);
             } else {
                 /* the lane's coordinates (D/8)·g8 + 2i + r/8 (m-tile i, row r) are pairs of V unit
                  * (D/8)·g8/16 (+1 at d = 256) of token pairs t and t + 4 of the tile: tokens
