@@ -13,7 +13,7 @@
  * partner is always in the warp; with an odd page_tokens the last token's partner is past the
  * end and contributes zero codes). A warp owns a CHUNK of 32/(d/32) consecutive tokens
  * of one head; a task is the chunk's K rows or its V rows of one pair, so every branch on the
- * kind is warp-uniform and a K row never pays for the value grid nor a V row for the Lloyd–Max
+ * kind is warp-uniform and a K row never pays for the value grid nor a V row for the key grid
  * search. Retier grid: x = chunks (4 warps per block), y = layer, z = a slice of the pairs; each
  * warp runs the tasks (pair z, K), (z, V), (z + gridDim.z, K), … — K and V alternate so that
  * every warp does the same mix (K rows cost ~10% more) — and loads the next task's row before
@@ -242,7 +242,7 @@ __device__ __forceinline__ float fma_sat(float a, float b, float c)
     return r;
 }
 
-/* Lloyd–Max code #{ j : z ≥ b_j } by binary search on the ascending b (NaN → 0, ties up). */
+/* Key code #{ j : z ≥ b_j } by binary search on the ascending b (NaN → 0, ties up). */
 __device__ __forceinline__ uint32_t lm_code(float z, const float (&b)[KV_TQ3_LEVELS - 1])
 {
     const bool p2 = z >= b[3];

@@ -7,7 +7,7 @@
  * Why a Hadamard and not a dense Gaussian rotation: O(d log d) adds instead of d² multiply-adds,
  * no matrix to store or ship to the GPU (the seed is enough), and it still spreads an outlier
  * channel over all d coordinates (each row of H·diag(s) has entries ±1/sqrt(d)), which is what
- * makes the rotated coordinates close to N(0, ‖x‖²/d) and the fixed Lloyd–Max codebook fit.
+ * makes the rotated coordinates close to N(0, ‖x‖²/d) and the fixed 3-bit grid fit.
  *
  * Evaluation order (a GPU kernel that wants bit-identical results follows it; one that does a
  * different butterfly order gets results equal to ~1e-7 relative, which is all TQ3 needs):

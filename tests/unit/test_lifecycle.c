@@ -344,7 +344,7 @@ static void test_promote_cached_prefix(void **state)
     assert_int_equal(fx_stats(c).promotes, 2);
     assert_true(fx_stats(c).promote_ns > 0);
     /* the data went FP8 → TQ3 → FP8: within the TQ3 bound of what was written (relative RMS
-     * ≈ 0.19 for 3-bit Lloyd–Max after the FP8 step, test_pages' figure; 0.3 still catches a
+     * ≈ 0.19 for the 3-bit grid after the FP8 step, test_pages' figure; 0.3 still catches a
      * wrong page or layout, which gives ≈ 1), and the TQ3 pages in between decode likewise */
     for (int i = 0; i < 4; i++) {
         decode_k0(c, B[i], dec);

@@ -163,7 +163,7 @@ static void test_convert_flips_directory(void **state)
     assert_int_equal(kv_dir_flags(e1), KV_DIR_VALID);
     assert_int_equal(kv_dir_gen(e1), kv_dir_gen(e0) + 1);
     assert_int_equal(kvd_core_epoch(c), ep + 1);
-    /* 3-bit Lloyd–Max on unit-variance coordinates: distortion ≈ 0.034 per coordinate plus the
+    /* 3-bit uniform grid on unit-variance coordinates: distortion ≈ 0.037 per coordinate plus the
      * FP8 step before it, i.e. relative RMS ≈ 0.19; 0.3 is a generous bound that still catches a
      * wrong page, a wrong layout or a missing rotation (those give ≈ 1). */
     double err = rel_err_block(c, lid, ref);
