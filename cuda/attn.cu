@@ -146,6 +146,28 @@ __device__ __forceinline__ void tq3_unit(uint32_t w0, uint32_t w1, uint32_t w2, 
     const uint32_t ab = ((w0 >> 15) & 0x00010001u) | ((w1 >> 14) & ~0x00010001u);
     h[15] = ((ab & 0x00030003u) | ((w2 >> 13) & ~0x00030003u)) & 0x00070007u;
 }
+/* The operand registers one TQ3 unit feeds: pairs 2j, 2j+1 go to dst[base + j][col] and
+ * [col + 1] for the unit's 8 steps (d ≥ 128) or, at d = 64, the 4 steps of its half `upper`.
+ * K (tq3_kpair's map): dst = kb, base 8·gi for unit t + 4gi, col 0, upper = t & 1.
+ * V (tq3_vpair's map): dst = va, base 8·nu, col 2·(token pair), upper = g & 1. */
+template <int D, int C>
+__device__ __forceinline__ void tq3_place(uint32_t w0, uint32_t w1, uint32_t w2, bool upper,
+                                          int base, int col, uint32_t (&dst)[D / 16][C])
+{
+    constexpr int STEPS = D == 64 ? D / 16 : 8;
+    uint32_t h[16];
+    tq3_unit(w0, w1, w2, h);
+#pragma unroll
+    for (int j = 0; j < STEPS; j++) {
+        if (D == 64) {
+            dst[j][col] = upper ? h[8 + 2 * j] : h[2 * j];
+            dst[j][col + 1] = upper ? h[9 + 2 * j] : h[2 * j + 1];
+        } else {
+            dst[base + j][col] = h[2 * j];
+            dst[base + j][col + 1] = h[2 * j + 1];
+        }
+    }
+}
 /* TQ3 query operands (above): the lane's K-side values v (already times the softmax factor)
  * become qa = FP16(v · 2^(24 − e − Z)) with Z uniform over the warp; returns Z, and in qs the
  * lane's Σ qa · 2^(e − 24) for the 3.5 offset. */
@@ -201,6 +223,36 @@ __device__ __forceinline__ float half_bits(uint16_t b)
     return __half2float(__ushort_as_half(b));
 }
 
+/* FP8 keys, QK operand of both kernels: the lane's D/4 code bytes of one token (row; the k
+ * positions of lane t, coordinates 4·G(s, t) … of the map at the top of this file) widened
+ * exactly to f16x2; zeros for a token that is not in the sequence (row == nullptr). */
+template <int D>
+__device__ __forceinline__ void fp8_kfrag(const uint8_t *row, uint32_t t4, uint32_t (&kb)[D / 16][2])
+{
+    uint32_t kw[D / 16];
+    if (!row) {
+#pragma unroll
+        for (int st = 0; st < D / 16; st++)
+            kw[st] = 0u;
+    } else if (D == 64) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(row + 16 * t4);
+        kw[0] = v.x, kw[1] = v.y, kw[2] = v.z, kw[3] = v.w;
+    } else {
+#pragma unroll
+        for (int hh = 0; hh < D / 128; hh++) {
+            const uint4 *r4 = reinterpret_cast<const uint4 *>(row + 128 * hh + 32 * t4);
+            const uint4 v0 = r4[0], v1 = r4[1];
+            kw[8 * hh + 0] = v0.x, kw[8 * hh + 1] = v0.y, kw[8 * hh + 2] = v0.z;
+            kw[8 * hh + 3] = v0.w, kw[8 * hh + 4] = v1.x, kw[8 * hh + 5] = v1.y;
+            kw[8 * hh + 6] = v1.z, kw[8 * hh + 7] = v1.w;
+        }
+    }
+#pragma unroll
+    for (int st = 0; st < D / 16; st++) {
+        kb[st][0] = fp8x2_to_h2(kw[st] & 0xffffu);
+        kb[st][1] = fp8x2_to_h2(kw[st] >> 16);
+    }
+}
 /* FP8 values, PV operand of both kernels: the D/8 code bytes of coordinates g8·D/8 … of one
  * token (row), as D/32 words; zeros for a token that is not in the sequence (row == nullptr:
  * its bytes may be NaN codes, and 0 · NaN would poison the MMA). */
@@ -447,34 +499,9 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
                 sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
                 uint32_t kb[KS][2];
                 if (FMT == KV_FMT_FP8) {
-                    uint32_t kw[KS];
-                    if (tk[nt].page) {
-                        const uint8_t *row = tk[nt].page + koff + (uint64_t)tk[nt].slot * D;
-                        if (D == 64) {
-                            const uint4 v = *reinterpret_cast<const uint4 *>(row + 16 * t4);
-                            kw[0] = v.x, kw[1] = v.y, kw[2] = v.z, kw[3] = v.w;
-                        } else {
-#pragma unroll
-                            for (int hh = 0; hh < D / 128; hh++) {
-                                const uint4 *r4 =
-                                    reinterpret_cast<const uint4 *>(row + 128 * hh + 32 * t4);
-                                const uint4 v0 = r4[0], v1 = r4[1];
-                                kw[8 * hh + 0] = v0.x, kw[8 * hh + 1] = v0.y;
-                                kw[8 * hh + 2] = v0.z, kw[8 * hh + 3] = v0.w;
-                                kw[8 * hh + 4] = v1.x, kw[8 * hh + 5] = v1.y;
-                                kw[8 * hh + 6] = v1.z, kw[8 * hh + 7] = v1.w;
-                            }
-                        }
-                    } else {
-#pragma unroll
-                        for (int st = 0; st < KS; st++)
-                            kw[st] = 0u;
-                    }
-#pragma unroll
-                    for (int st = 0; st < KS; st++) {
-                        kb[st][0] = fp8x2_to_h2(kw[st] & 0xffffu);
-                        kb[st][1] = fp8x2_to_h2(kw[st] >> 16);
-                    }
+                    fp8_kfrag<D>(tk[nt].page ? tk[nt].page + koff + (uint64_t)tk[nt].slot * D
+                                             : nullptr,
+                                 t4, kb);
                 } else { /* K units t4 (+ 4·gi) of the token; d = 64: half t4 & 1 of unit t4/2 */
                     constexpr int NG = D == 64 ? 1 : D / 128; /* units per lane */
 #pragma unroll
@@ -487,19 +514,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
                                 ((uint64_t)tk[nt].slot * (D / 32) + grp) * 3;
                             w0 = wp[0], w1 = wp[1], w2 = wp[2];
                         }
-                        uint32_t h[16];
-                        tq3_unit(w0, w1, w2, h);
-                        constexpr int SPU = D == 64 ? KS : 8; /* k-steps per unit */
-#pragma unroll
-                        for (int j = 0; j < SPU; j++) {
-                            if (D == 64) {
-                                kb[j][0] = (t4 & 1u) ? h[8 + 2 * j] : h[2 * j];
-                                kb[j][1] = (t4 & 1u) ? h[9 + 2 * j] : h[2 * j + 1];
-                            } else {
-                                kb[gi * SPU + j][0] = h[2 * j];
-                                kb[gi * SPU + j][1] = h[2 * j + 1];
-                            }
-                        }
+                        tq3_place<D, 2>(w0, w1, w2, t4 & 1u, 8 * gi, 0, kb);
                     }
                 }
 #pragma unroll
@@ -573,7 +588,6 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
                  * its own unit (slot parity): PRMT merges the two units' words into one whose
                  * low codes are token A's and high codes token B's, decoded once */
                 constexpr int NU = D == 256 ? 2 : 1;  /* units per lane and token pair */
-                constexpr int MPU = D == 64 ? KS : 8; /* m-tiles per unit */
 #pragma unroll
                 for (int hp = 0; hp < 2; hp++) {
                     const TokRef &A = tv[2 * hp], &B = tv[2 * hp + 1];
@@ -593,19 +607,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
                                                  ((uint64_t)(B.slot / 2) * (D / 16) + q) * 3;
                             wb[0] = wp[0], wb[1] = wp[1], wb[2] = wp[2];
                         }
-                        uint32_t h[16];
-                        tq3_unit(prmt(wa[0], wb[0], sel), prmt(wa[1], wb[1], sel),
-                                 prmt(wa[2], wb[2], sel), h);
-#pragma unroll
-                        for (int j = 0; j < MPU; j++) {
-                            if (D == 64) {
-                                va[j][2 * hp + 0] = (g8 & 1u) ? h[8 + 2 * j] : h[2 * j];
-                                va[j][2 * hp + 1] = (g8 & 1u) ? h[9 + 2 * j] : h[2 * j + 1];
-                            } else {
-                                va[nu * MPU + j][2 * hp + 0] = h[2 * j];
-                                va[nu * MPU + j][2 * hp + 1] = h[2 * j + 1];
-                            }
-                        }
+                        tq3_place<D, 4>(prmt(wa[0], wb[0], sel), prmt(wa[1], wb[1], sel),
+                                        prmt(wa[2], wb[2], sel), g8 & 1u, 8 * nu, 2 * hp, va);
                     }
                 }
             }
@@ -1133,29 +1136,8 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 uint32_t(&kb)[KS][2] = kbt[nt];
-                if (FMT == KV_FMT_FP8) {
-                    uint32_t kw[KS];
-                    const uint8_t *row = st + tk[nt] * D;
-                    if (D == 64) {
-                        const uint4 v = *reinterpret_cast<const uint4 *>(row + 16 * t4);
-                        kw[0] = v.x, kw[1] = v.y, kw[2] = v.z, kw[3] = v.w;
-                    } else {
-#pragma unroll
-                        for (int hh = 0; hh < D / 128; hh++) {
-                            const uint4 *r4 =
-                                reinterpret_cast<const uint4 *>(row + 128 * hh + 32 * t4);
-                            const uint4 v0 = r4[0], v1 = r4[1];
-                            kw[8 * hh + 0] = v0.x, kw[8 * hh + 1] = v0.y;
-                            kw[8 * hh + 2] = v0.z, kw[8 * hh + 3] = v0.w;
-                            kw[8 * hh + 4] = v1.x, kw[8 * hh + 5] = v1.y;
-                            kw[8 * hh + 6] = v1.z, kw[8 * hh + 7] = v1.w;
-                        }
-                    }
-#pragma unroll
-                    for (int s2 = 0; s2 < KS; s2++) {
-                        kb[s2][0] = fp8x2_to_h2(kw[s2] & 0xffffu);
-                        kb[s2][1] = fp8x2_to_h2(kw[s2] >> 16);
-                    }
+                if (FMT == KV_FMT_FP8) { /* tokens ≥ n: stale bytes, their scores are masked */
+                    fp8_kfrag<D>(st + tk[nt] * D, t4, kb);
                 } else { /* K units t4 (+ 4·gi) of the token; d = 64: half t4 & 1 of unit t4/2 */
                     constexpr int NG = D == 64 ? 1 : D / 128; /* units per lane */
 #pragma unroll
@@ -1163,19 +1145,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                         const uint32_t grp = D == 64 ? (t4 >> 1) : t4 + 4 * gi;
                         const uint32_t *wp =
                             reinterpret_cast<const uint32_t *>(st) + (tk[nt] * (D / 32) + grp) * 3;
-                        uint32_t h[16];
-                        tq3_unit(wp[0], wp[1], wp[2], h);
-                        constexpr int SPU = D == 64 ? KS : 8; /* k-steps per unit */
-#pragma unroll
-                        for (int j = 0; j < SPU; j++) {
-                            if (D == 64) {
-                                kb[j][0] = (t4 & 1u) ? h[8 + 2 * j] : h[2 * j];
-                                kb[j][1] = (t4 & 1u) ? h[9 + 2 * j] : h[2 * j + 1];
-                            } else {
-                                kb[gi * SPU + j][0] = h[2 * j];
-                                kb[gi * SPU + j][1] = h[2 * j + 1];
-                            }
-                        }
+                        tq3_place<D, 2>(wp[0], wp[1], wp[2], t4 & 1u, 8 * gi, 0, kb);
                     }
                 }
             }
@@ -1283,7 +1253,6 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                  * (D/8)·g8/16 (+1 at d = 256) of token pairs t and t + 4 of the tile: tokens
                  * 2t, 2t+1 and 2t+8, 2t+9, exactly the A fragment's k order */
                 constexpr int NU = D == 256 ? 2 : 1;  /* units per lane and token pair */
-                constexpr int MPU = D == 64 ? KS : 8; /* m-tiles per unit */
 #pragma unroll
                 for (int hp = 0; hp < 2; hp++) {
 #pragma unroll
@@ -1291,18 +1260,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                         const uint32_t q = D == 64 ? g8 / 2 : (D / 128) * g8 + nu;
                         const uint32_t *wp = reinterpret_cast<const uint32_t *>(st + 6 * D + 32) +
                                              ((t4 + 4 * hp) * (D / 16) + q) * 3;
-                        uint32_t h[16];
-                        tq3_unit(wp[0], wp[1], wp[2], h);
-#pragma unroll
-                        for (int j = 0; j < MPU; j++) {
-                            if (D == 64) {
-                                va[j][2 * hp + 0] = (g8 & 1u) ? h[8 + 2 * j] : h[2 * j];
-                                va[j][2 * hp + 1] = (g8 & 1u) ? h[9 + 2 * j] : h[2 * j + 1];
-                            } else {
-                                va[nu * MPU + j][2 * hp + 0] = h[2 * j];
-                                va[nu * MPU + j][2 * hp + 1] = h[2 * j + 1];
-                            }
-                        }
+                        tq3_place<D, 4>(wp[0], wp[1], wp[2], g8 & 1u, 8 * nu, 2 * hp, va);
                     }
                 }
             }

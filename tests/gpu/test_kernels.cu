@@ -322,16 +322,14 @@ static void run_geometry(const Geo &G, bool small, bool attn)
         CK(cudaFree(d8b));
     }
 
+    /* the buffers both the conversion and the attention checks use */
+    auto free_common = [&]() {
+        for (void *p : {(void *)d8, (void *)dt, (void *)ddir, (void *)dsp, (void *)dsi,
+                        (void *)dk, (void *)dv, (void *)drs, (void *)drd})
+            CK(cudaFree(p));
+    };
     if (!attn) { /* --no-attn: append, retier and promote only */
-        CK(cudaFree(d8));
-        CK(cudaFree(dt));
-        CK(cudaFree(ddir));
-        CK(cudaFree(dsp));
-        CK(cudaFree(dsi));
-        CK(cudaFree(dk));
-        CK(cudaFree(dv));
-        CK(cudaFree(drs));
-        CK(cudaFree(drd));
+        free_common();
         return;
     }
 
@@ -489,15 +487,7 @@ static void run_geometry(const Geo &G, bool small, bool attn)
         check(ok, "launchers reject bad arguments", "");
     }
 
-    CK(cudaFree(d8));
-    CK(cudaFree(dt));
-    CK(cudaFree(ddir));
-    CK(cudaFree(dsp));
-    CK(cudaFree(dsi));
-    CK(cudaFree(dk));
-    CK(cudaFree(dv));
-    CK(cudaFree(drs));
-    CK(cudaFree(drd));
+    free_common();
     CK(cudaFree(dind));
     CK(cudaFree(dids));
     CK(cudaFree(dlen));
