@@ -11,9 +11,14 @@
  *   B        another process: hello, lookup of the same tokens → must hit all 48 tokens on the
  *            SAME logical pages; reads the page bytes through its own mapping (must equal A's
  *            bytes), runs the same attention with the same query through its own mapping
+ *   C        (session 3) hello and map, then the parent restarts the daemon on the same
+ *            endpoint: C's next call fails with NO_SESSION and kvc_daemon_restarted(); after
+ *            kvc_rehello() (unmap the old pools, import the new daemon's) C allocates, appends,
+ *            seals and attends exactly as A did, through the NEW mapping
  *   checks   A's and B's outputs are bit-identical (same kernel, same pages, same inputs), and
- *            A's second run equals its first (B's lookup did not disturb the pages); outputs
- *            finite and not all zero; the daemon exits 0 on SIGTERM.
+ *            A's second run equals its first (B's lookup did not disturb the pages); C's output
+ *            after the restart equals A's; outputs finite and not all zero; both daemons exit 0
+ *            on SIGTERM.
  *
  * Not registered with ctest (CI has no GPU). Run: it_cuda_share [--kvd PATH] (or KVD_BIN=PATH);
  * with KVD_CUDA_LEGACY_IPC=1 in the environment the daemon and clients use the legacy mode;
@@ -199,12 +204,11 @@ static void page_bytes(kvc_t *c, const uint32_t *pages, uint8_t *out)
     }
 }
 
-static int child_a(int ready_fd, int go_fd)
+/* Allocate NPAGES FP8 pages, write K/V of NTOK tokens into every layer with the append kernel
+ * (pages resolved through the DEVICE directory), seal them under tokens(), run attention. */
+static void build(kvc_t *c, uint32_t *pages, float *out)
 {
-    CK(cudaSetDevice(0));
-    kvc_t *c = client("it-cuda-A");
     /* the engine's kernels are synchronous here, so the default safe-epoch mode is right */
-    uint32_t pages[NPAGES];
     KCK(c, kvc_alloc(c, KV_FMT_FP8, NPAGES, pages));
     kv_pools_t pools;
     kvc_pools(c, &pools);
@@ -245,8 +249,20 @@ static int child_a(int ready_fd, int go_fd)
             _exit(6); /* a fresh daemon holds no duplicate */
         prev = pages[i];
     }
-    float out[QH * HD];
     attention(c, pages, out);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dsp);
+    cudaFree(dsi);
+}
+
+static int child_a(int ready_fd, int go_fd)
+{
+    CK(cudaSetDevice(0));
+    kvc_t *c = client("it-cuda-A");
+    uint32_t pages[NPAGES];
+    float out[QH * HD];
+    build(c, pages, out);
     save("outA.bin", out, sizeof out);
     save("pagesA.ids", pages, sizeof pages);
     uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
@@ -261,10 +277,34 @@ static int child_a(int ready_fd, int go_fd)
         _exit(3);
     attention(c, pages, out);
     save("outA2.bin", out, sizeof out);
-    cudaFree(dk);
-    cudaFree(dv);
-    cudaFree(dsp);
-    cudaFree(dsi);
+    kvc_close(&c);
+    return 0;
+}
+
+/* C: mapped, waits while the parent restarts the daemon, then must see the restart, rehello
+ * and work through the new daemon's pools. Result codes in restart.bin:
+ * [first call's error, kvc_daemon_restarted, rehello error, instance changed, on device] */
+static int child_c(int ready_fd, int go_fd)
+{
+    CK(cudaSetDevice(0));
+    kvc_t *c = client("it-cuda-C");
+    const uint64_t inst0 = kvc_instance(c);
+    char x = 'r';
+    if (write(ready_fd, &x, 1) != 1 || read(go_fd, &x, 1) != 1)
+        _exit(3);
+    uint32_t pages[NPAGES];
+    int32_t r[5];
+    r[0] = (int32_t)kvc_alloc(c, KV_FMT_FP8, NPAGES, pages);
+    r[1] = kvc_daemon_restarted(c);
+    r[2] = (int32_t)kvc_rehello(c);
+    r[3] = kvc_instance(c) != inst0;
+    r[4] = kvc_on_device(c);
+    save("restart.bin", r, sizeof r);
+    if (r[2] != KV_ERR_OK)
+        return 0; /* the parent reports it */
+    float out[QH * HD];
+    build(c, pages, out);
+    save("outC.bin", out, sizeof out);
     kvc_close(&c);
     return 0;
 }
@@ -295,6 +335,45 @@ static int child_b(void)
     return 0;
 }
 
+/* `kvd --backend cuda` on g_ep, its stderr appended to logp */
+static pid_t start_kvd(const char *kvd, const char *logp)
+{
+    pid_t dpid = fork();
+    if (dpid == 0) {
+        int fd = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (fd >= 0) {
+            dup2(fd, 2);
+            close(fd);
+        }
+        execl(kvd, kvd, "--endpoint", g_ep, "--backend", "cuda", "--layers", "2", "--kv_heads", "4",
+              "--head_dim", "128", "--page_tokens", "16", "--pages_fp8", "64", "--pages_tq3", "32",
+              "--epoch_ms", "5", (char *)NULL);
+        fprintf(stderr, "exec %s: %s\n", kvd, strerror(errno));
+        _exit(127);
+    }
+    return dpid;
+}
+
+/* ready when a no-map hello succeeds (no CUDA in the parent); 0 when the daemon died or 20 s
+ * passed */
+static int wait_up(pid_t dpid)
+{
+    for (int i = 0; i < 400; i++) {
+        kvc_t *c = NULL;
+        int up = kvc_connect(&c, g_ep, 200) == KV_ERR_OK &&
+                 kvc_hello(c, NULL, "probe", 0) == KV_ERR_OK;
+        kvc_close(&c);
+        int st;
+        if (up)
+            return 1;
+        if (waitpid(dpid, &st, WNOHANG) == dpid)
+            return 0;
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
 static int wait_child(pid_t p)
 {
     int st = 0;
@@ -315,34 +394,8 @@ int main(int argc, char **argv)
     snprintf(g_ep, sizeof g_ep, "ipc://%s/kvd.sock", g_dir);
     char logp[400];
     path(logp, sizeof logp, "kvd.log");
-    pid_t dpid = fork();
-    if (dpid == 0) {
-        int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd >= 0) {
-            dup2(fd, 2);
-            close(fd);
-        }
-        execl(kvd, kvd, "--endpoint", g_ep, "--backend", "cuda", "--layers", "2", "--kv_heads", "4",
-              "--head_dim", "128", "--page_tokens", "16", "--pages_fp8", "64", "--pages_tq3", "32",
-              "--epoch_ms", "5", (char *)NULL);
-        fprintf(stderr, "exec %s: %s\n", kvd, strerror(errno));
-        _exit(127);
-    }
-    /* ready when a no-map hello succeeds (no CUDA in the parent) */
-    int up = 0;
-    for (int i = 0; i < 400 && !up; i++) {
-        kvc_t *c = NULL;
-        if (kvc_connect(&c, g_ep, 200) == KV_ERR_OK && kvc_hello(c, NULL, "probe", 0) == KV_ERR_OK)
-            up = 1;
-        kvc_close(&c);
-        int st;
-        if (!up && waitpid(dpid, &st, WNOHANG) == dpid)
-            break;
-        if (!up) {
-            struct timespec ts = {0, 50 * 1000000L};
-            nanosleep(&ts, NULL);
-        }
-    }
+    pid_t dpid = start_kvd(kvd, logp);
+    int up = wait_up(dpid);
     check(up, "daemon up", "kvd %s --backend cuda on %s (log %s)", kvd, g_ep, logp);
     if (!up) {
         char buf[2048] = "";
@@ -408,9 +461,43 @@ int main(int argc, char **argv)
           ndiff, QH * HD);
     check(s3 == sizeof oa && memcmp(oa, oa2, sizeof oa) == 0, "A stable after B", "");
 
+    /* C: a mapped client across a daemon restart (kvc_rehello on the cuda backend) */
+    int cr[2], cg[2];
+    if (pipe(cr) || pipe(cg))
+        return 2;
+    pid_t cp = fork();
+    if (cp == 0) {
+        close(cr[0]);
+        close(cg[1]);
+        _exit(child_c(cr[1], cg[0]));
+    }
+    close(cr[1]);
+    close(cg[0]);
+    int c_ready = read(cr[0], &x, 1) == 1;
     kill(dpid, SIGTERM);
     int rd = wait_child(dpid);
     check(rd == 0, "daemon clean exit", "status %d", rd);
+    dpid = start_kvd(kvd, logp);
+    int up2 = wait_up(dpid);
+    check(c_ready && up2, "daemon restarted under a mapped client", "");
+    if (write(cg[1], "g", 1) != 1)
+        return 2;
+    int rc_ = wait_child(cp);
+    int32_t rr[5] = {0, 0, -1, 0, 0};
+    load("restart.bin", rr, sizeof rr);
+    check(rc_ == 0 && rr[0] == KV_ERR_NO_SESSION && rr[1] == 1,
+          "C sees the restart", "exit %d, first call %s, restarted %d", rc_,
+          kv_err_name((kv_err_t)rr[0]), rr[1]);
+    check(rr[2] == KV_ERR_OK && rr[3] == 1 && rr[4] == 1, "C rehello remaps the device pools",
+          "rehello %s, new instance %d, on device %d", kv_err_name((kv_err_t)rr[2]), rr[3], rr[4]);
+    float oc[QH * HD];
+    size_t s4 = load("outC.bin", oc, sizeof oc);
+    check(s4 == sizeof oc && memcmp(oa, oc, sizeof oa) == 0, "C == A after the restart",
+          "same inputs through the new daemon's pools");
+
+    kill(dpid, SIGTERM);
+    rd = wait_child(dpid);
+    check(rd == 0, "restarted daemon clean exit", "status %d", rd);
     {
         /* the daemon's own account of the backend (device, granularity, publish path, legacy) */
         char buf[8192] = "";
