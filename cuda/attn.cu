@@ -739,7 +739,7 @@ constexpr int kFThreads = kFWarps * 32;
 
 template <int D> struct FastCfg {
     static constexpr uint32_t kStage8 = 32u * D + 128u; /* K codes, K scales, V codes, V scales */
-    static constexpr uint32_t kStageT = 12u * D + 96u;  /* K planes, γ, V planes, scale, zero */
+    static constexpr uint32_t kStageT = 12u * D + 96u;  /* K units, γ, V units, scale, zero */
     /* v5: 4 blocks (16 warps) per SM at d ≤ 128 — the TQ3 path is latency-bound (v4 ncu) —
      * so the rings shrink to fit 4 blocks: 2 FP8 / 6 TQ3 stages */
     static constexpr int kMinBlocks = D == 256 ? 2 : 4;
