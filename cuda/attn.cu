@@ -210,7 +210,7 @@ __device__ __forceinline__ float ex2(float x)
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
-/* Σ of the four FP16 query operands a lane holds for one k-step, in fp32 */
+/* Σ of the four FP16 values of two f16x2 registers, in fp32 */
 __device__ __forceinline__ float h2sum(uint32_t a, uint32_t b)
 {
     const float2 x = __half22float2(*reinterpret_cast<const __half2 *>(&a));
