@@ -227,7 +227,8 @@ __device__ __forceinline__ float half_bits(uint16_t b)
  * positions of lane t, coordinates 4·G(s, t) … of the map at the top of this file) widened
  * exactly to f16x2; zeros for a token that is not in the sequence (row == nullptr). */
 template <int D>
-__device__ __forceinline__ void fp8_kfrag(const uint8_t *row, uint32_t t4, uint32_t (&kb)[D / 16][2])
+__device__ __forceinline__ void fp8_kfrag(const uint8_t *row, uint32_t t4,
+                                          uint32_t (&kb)[D / 16][2])
 {
     uint32_t kw[D / 16];
     if (!row) {
@@ -276,7 +277,8 @@ template <int D> __device__ __forceinline__ void fp8_vrow(const uint8_t *row, ui
 /* Vᵀ A fragments from the words of tokens 2t, 2t+1, 2t+8, 2t+9 (vw[0..3]): m-tile 2c, 2c+1
  * take word c's bytes pairwise across the token pair, widened exactly to f16x2. */
 template <int D>
-__device__ __forceinline__ void fp8_vfrag(const uint32_t (&vw)[4][D / 32], uint32_t (&va)[D / 16][4])
+__device__ __forceinline__ void fp8_vfrag(const uint32_t (&vw)[4][D / 32],
+                                          uint32_t (&va)[D / 16][4])
 {
 #pragma unroll
     for (int c = 0; c < D / 32; c++) {
@@ -1118,8 +1120,8 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                     } else { /* the operand forms of the TQ3 maps (kTq3Mid) */
                         const float sc =
                             half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 32)[tk[j]]);
-                        kfac[j] =
-                            kstep * half_bits(reinterpret_cast<const uint16_t *>(st + 6 * D)[tk[j]]);
+                        kfac[j] = kstep *
+                                  half_bits(reinterpret_cast<const uint16_t *>(st + 6 * D)[tk[j]]);
                         vsc[j] = sc;
                         vz[j] =
                             half_bits(reinterpret_cast<const uint16_t *>(st + 12 * D + 64)[tk[j]]) +

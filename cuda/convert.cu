@@ -52,9 +52,9 @@
  *     the same correctly rounded value);
  *   - codes go straight to their unit positions with one shift-add each (unit_add); the V
  *     rint's magic constant rides along and is subtracted once per word.
- * Promote: decode (K: the lane's unit; V: the token's half of two units), inverse rotation (signs multiplied as in rotate.c) and the FP8 row codec,
- * all order-fixed; x/s uses the same Markstein step when the scale is ≥ 2^-100 (IEEE division
- * otherwise, and for non-finite x).
+ * Promote: decode (K: the lane's unit; V: the token's half of two units), inverse rotation
+ * (signs multiplied as in rotate.c) and the FP8 row codec, all order-fixed; x/s uses the same
+ * Markstein step when the scale is ≥ 2^-100 (IEEE division otherwise, and for non-finite x).
  */
 #include "kvkern_cuda.h"
 

@@ -172,7 +172,8 @@ KV_HD uint64_t kv_block_bytes(const kv_geom_t *g, kv_fmt_t f, int kind)
 /* Bytes of one layer (K blocks of every head, then V blocks of every head). */
 KV_HD uint64_t kv_layer_bytes(const kv_geom_t *g, kv_fmt_t f)
 {
-    return (uint64_t)g->kv_heads * (kv_block_bytes(g, f, KV_KIND_K) + kv_block_bytes(g, f, KV_KIND_V));
+    return (uint64_t)g->kv_heads *
+           (kv_block_bytes(g, f, KV_KIND_K) + kv_block_bytes(g, f, KV_KIND_V));
 }
 
 /* Bytes of one page of format f, rounded up to KV_PAGE_ALIGN. */
