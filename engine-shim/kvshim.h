@@ -1,0 +1,102 @@
+/* kvshim.h — libkvshim: what an engine worker links (DESIGN.md, "engine-shim").
+ *
+ * One kvs_t per worker thread wraps a libkvc session (client/kvc.h) and the kernels of
+ * cuda/ so that an engine deals in sequences and tensors, not page ids and protocol calls:
+ *
+ *     kvs_t *s;
+ *     kvs_open(&s, &(kvs_opts_t){.endpoint = "ipc:///run/kvd/kvd.sock"});
+ *     kvs_seq_t *q;
+ *     size_t cached;
+ *     kvs_seq_begin(s, prompt, n, &q, &cached);   // prefix hit: skip prefill of `cached` tokens
+ *     kvs_seq_extend(q, prompt + cached, n - cached);    // room for the new tokens
+ *     for (layer ...) kvs_append(q, layer, k, v, KVS_F32, m);  // quantize into FP8 pages
+ *     kvs_seq_commit(q);                          // seal full pages: the prefix is now shared
+ *     kvs_attention(s, &q, 1, layer, qv, out);    // decode attention over the block table
+ *     kvs_seq_end(&q);
+ *     kvs_close(&s);
+ *
+ * Backend: the daemon's. With `host` pools (CPU memory) the shim appends and attends with the
+ * CPU twins (cuda/page.c, cuda/attn.c); with `cuda` / `cuda-ipc` pools (device memory) with
+ * the kernels (cuda/append.cu, cuda/attn.cu), and tensors passed to kvs_append /
+ * kvs_attention are then DEVICE pointers (kvs_on_device() says which). A shim built without
+ * CUDA refuses device pools at kvs_open with KV_ERR_FAILED_PRECONDITION and a message saying
+ * so.
+ *
+ * Sequences: a kvs_seq_t owns a block table (logical page ids) and the token ids written so
+ * far. kvs_seq_begin acquires the longest cached prefix in whole pages (kvc_lookup) and opens
+ * the daemon-side sequence (kvc_seq_open / kvc_seq_append) so the lifecycle controller can
+ * move its Stale pages to TQ3 — the block table stays valid because pages are addressed by
+ * logical id through the directory. kvs_seq_extend allocates FP8 pages as the length crosses
+ * page boundaries. kvs_seq_commit seals every page that became full (its tokens enter the
+ * prefix index; a cached duplicate found at seal time replaces the page in the table).
+ * kvs_seq_end releases the table's references (sealed pages stay cached) and closes the
+ * daemon-side sequence. Pages are written only while they belong to the sequence and are not
+ * sealed: positions below the cached prefix are read-only.
+ *
+ * Safe epoch: the shim's own kernels are synchronous (kvs_append and kvs_attention return
+ * after the work is done), so libkvc's default safe-epoch mode is right.
+ *
+ * Errors: every call returns a kv_err_t (proto/kv_err.h); kvs_errmsg() names the problem
+ * (the daemon's message, or the shim's own for a bad argument). Thread rule: one kvs_t per
+ * thread, like kvc_t.
+ */
+#ifndef KVSHIM_H
+#define KVSHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_err.h"
+#include "kv_format.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvs_s kvs_t;
+typedef struct kvs_seq_s kvs_seq_t;
+
+typedef enum kvs_dtype_e {
+    KVS_F32 = 0,  /* float */
+    KVS_F16 = 1,  /* IEEE half */
+    KVS_BF16 = 2, /* bfloat16 */
+} kvs_dtype_t;
+
+typedef struct kvs_opts_s {
+    const char *endpoint; /* required: the daemon's control endpoint */
+    const char *ns;       /* namespace; NULL: "default" */
+    const char *name;     /* client name in kvctl sessions; NULL: "kvshim" */
+    int timeout_ms;       /* per call; 0: 5000 */
+} kvs_opts_t;
+
+kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o);
+void kvs_close(kvs_t **s); /* ends open sequences first; NULL-safe */
+const char *kvs_errmsg(const kvs_t *s);
+const kv_geom_t *kvs_geom(const kvs_t *s);
+int kvs_on_device(const kvs_t *s); /* 1: tensors are device pointers */
+
+/* tokens[n]: the prompt. *cached: tokens covered by the acquired prefix (a multiple of
+ * page_tokens, ≤ n; the engine computes K/V only from there). */
+kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **out,
+                       size_t *cached);
+/* Make room for m more tokens (their ids: appended to the sequence's token list). */
+kv_err_t kvs_seq_extend(kvs_seq_t *q, const uint32_t *tokens, size_t m);
+/* K/V of the m tokens of the last kvs_seq_extend for one layer: k, v [m][kv_heads][head_dim]
+ * of dtype. Quantized to FP8 (append kernel or its CPU twin). */
+kv_err_t kvs_append(kvs_seq_t *q, uint32_t layer, const void *k, const void *v, kvs_dtype_t dt,
+                    size_t m);
+/* Seal the pages that are full and not sealed yet. */
+kv_err_t kvs_seq_commit(kvs_seq_t *q);
+size_t kvs_seq_len(const kvs_seq_t *q);                            /* tokens in the sequence */
+size_t kvs_seq_pages(const kvs_seq_t *q, uint32_t *pages, size_t cap); /* block table */
+/* Decode attention of one query per sequence over its whole length: q, out
+ * [nseq][q_heads][head_dim] float (q_heads a multiple of kv_heads; query head h reads KV head
+ * h / (q_heads / kv_heads)). sm_scale 0: 1/sqrt(head_dim). */
+kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t layer,
+                       uint32_t q_heads, const float *q, float sm_scale, float *out);
+void kvs_seq_end(kvs_seq_t **q); /* releases the references; NULL-safe */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVSHIM_H */
