@@ -18,6 +18,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "lifecycle.h" /* KVD_LC_DEFAULT_*: the lifecycle rows' defaults */
+
+#define KVD_CFG_STR_(x) #x
+#define KVD_CFG_STR(x) KVD_CFG_STR_(x)
+
 /*  XX(name, type, min, max, choices, default, runtime-mutable, help) */
 #define KVD_CONFIG_MAP(XX)                                                                         \
     XX(endpoint, STR, 0, 0, "", "ipc:///run/kvd/kvd.sock", 0,                                      \
@@ -48,13 +53,13 @@
     XX(max_tokens, U64, 1, 67108864, "", "1048576", 1, "max tokens in one lookup request")         \
     XX(lifecycle_ms, U64, 0, 3600000, "", "100", 1,                                                \
        "period of the lifecycle controller (retier/promote) in ms (0: off)")                       \
-    XX(recent_pages, U64, 1, 16777216, "", "32", 1,                                                \
+    XX(recent_pages, U64, 1, 16777216, "", KVD_CFG_STR(KVD_LC_DEFAULT_RECENT_PAGES), 1,            \
        "Recent window: the last N pages of each sequence stay FP8")                                \
-    XX(anchor_pages, U64, 0, 16777216, "", "1", 1,                                                 \
+    XX(anchor_pages, U64, 0, 16777216, "", KVD_CFG_STR(KVD_LC_DEFAULT_ANCHOR_PAGES), 1,            \
        "Anchor sinks: the first N pages of each sequence stay FP8")                                \
-    XX(retier_batch, U64, 1, 65536, "", "8", 1,                                                    \
+    XX(retier_batch, U64, 1, 65536, "", KVD_CFG_STR(KVD_LC_DEFAULT_BATCH), 1,                      \
        "max conversions per lifecycle tick (each one blocks the loop)")                            \
-    XX(fp8_low_watermark, U64, 0, 100, "", "10", 1,                                                \
+    XX(fp8_low_watermark, U64, 0, 100, "", KVD_CFG_STR(KVD_LC_DEFAULT_FP8_LOW_PCT), 1,             \
        "FP8 free+evictable+retiring pages below this % of the pool halve the Recent window")       \
     XX(cache_retier_ms, U64, 0, 604800000, "", "0", 1,                                             \
        "sealed FP8 pages cached but unused this long go TQ3 (0: never, LRU eviction only)")        \

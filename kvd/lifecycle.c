@@ -75,13 +75,11 @@ const char *kvd_lc_why_name(kvd_lc_why_t w)
 
 void kvd_lc_params_default(kvd_lc_params_t *p)
 {
-    /* The daemon's config table repeats these numbers (kvd/config.h); docs/lifecycle.md says
-     * why each. */
-    p->recent_pages = 32;
-    p->anchor_pages = 1;
-    p->batch = 8;
-    p->fp8_low_pct = 10;
-    p->cache_retier_ns = 0;
+    p->recent_pages = KVD_LC_DEFAULT_RECENT_PAGES;
+    p->anchor_pages = KVD_LC_DEFAULT_ANCHOR_PAGES;
+    p->batch = KVD_LC_DEFAULT_BATCH;
+    p->fp8_low_pct = KVD_LC_DEFAULT_FP8_LOW_PCT;
+    p->cache_retier_ns = 0; /* cache_retier_ms "0": off */
 }
 
 static int params_valid(const kvd_lc_params_t *p)

@@ -99,7 +99,13 @@ typedef struct kvd_lc_result_s {
     uint64_t tick_ns;         /* kvd_lc_tick only: time of plan + act */
 } kvd_lc_result_t;
 
-/* Defaults used by the daemon's config table (docs/daemon.md explains each). */
+/* Defaults: kvd_lc_params_default and the daemon's config table (kvd/config.h, which
+ * stringifies these) take them from here; docs/lifecycle.md explains each. Plain decimal
+ * literals: config.h turns them into its default strings. */
+#define KVD_LC_DEFAULT_RECENT_PAGES 32
+#define KVD_LC_DEFAULT_ANCHOR_PAGES 1
+#define KVD_LC_DEFAULT_BATCH 8
+#define KVD_LC_DEFAULT_FP8_LOW_PCT 10
 void kvd_lc_params_default(kvd_lc_params_t *p);
 
 /* Create a controller for core c (sized by its logical ids) with params p.
