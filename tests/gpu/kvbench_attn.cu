@@ -111,15 +111,25 @@ static void trace_row(uint32_t nblk, const char *what)
             if (d[k] >= 0)
                 sum[k] += d[k], cnt[k] += 1;
     }
-    printf(",\n    {\"trace\": \"%s\", \"blocks\": %u, \"span_us\": %.2f, "
+    printf("%s    {\"trace\": \"%s\", \"blocks\": %u, \"span_us\": %.2f, "
            "\"start_spread_us\": %.2f, \"first_end_us\": %.2f, \"ghz\": %.3f, "
            "\"avg_kcycles\": [",
-           what, nblk, (g1 - g0) / 1e3, (g0max - g0) / 1e3, (g1min - g0) / 1e3, cyc / ns);
+           sep(), what, nblk, (g1 - g0) / 1e3, (g0max - g0) / 1e3, (g1min - g0) / 1e3, cyc / ns);
     for (int k = 0; k < 10; k++)
         printf("%s%.2f", k ? ", " : "", cnt[k] ? sum[k] / cnt[k] / 1e3 : -1.0);
     printf("]}");
 }
 #endif
+
+/* Separator before the next element of the "attention" list: none before the first (with
+ * KVBENCH_LENS filtering out every length the first element is an "op" row). */
+static bool g_first = true;
+static const char *sep()
+{
+    const char *s = g_first ? "" : ",\n";
+    g_first = false;
+    return s;
+}
 
 static float median(std::vector<float> v)
 {
@@ -172,7 +182,6 @@ int main(void)
     const uint32_t lens[] = {8192, 32768, 131072};
     const char *modes[] = {"fp8", "tq3", "mix"};
     printf("  \"attention\": [\n");
-    bool first = true;
     for (const Shape &S : shapes) {
         kv_geom_t g = {1, S.KVH, S.D, 16, 0x5eed};
         const uint64_t pb8 = kv_page_bytes(&g, KV_FMT_FP8), pbt = kv_page_bytes(&g, KV_FMT_TQ3);
@@ -298,9 +307,8 @@ int main(void)
                        "\"tokens\": %u, \"mode\": \"%s\", \"splits\": %u, \"page_sets\": %u, "
                        "\"bytes\": %llu, \"ms\": %.5f, \"gbps\": %.1f, \"ms_two_pass\": %.5f, "
                        "\"ms_partial\": %.5f, \"out_finite\": %d}",
-                       first ? "" : ",\n", S.B, S.H, S.KVH, S.D, L, modes[mode], splits, sets,
+                       sep(), S.B, S.H, S.KVH, S.D, L, modes[mode], splits, sets,
                        (unsigned long long)bytes, ms, bytes / (ms * 1e6), tv[1], tv[2], finite);
-                first = false;
 #ifdef KVK_ATTN_TRACE
                 {
                     CK(cudaStreamSynchronize(st));
@@ -319,18 +327,18 @@ int main(void)
                 /* split-count sweep at 32K (fp8 and mix), decode */
                 const char *sweep_env = getenv("KVBENCH_SWEEP");
                 if (L == 32768 && mode != 1 && !(sweep_env && strcmp(sweep_env, "0") == 0)) {
-                    const std::vector<uint32_t> sweep =
-                        S.D == 128 ? std::vector<uint32_t>{4, 6, 12, 16}
-                                   : std::vector<uint32_t>{16, 24, 48, 66};
+                    const std::vector<uint32_t> sweep = S.D == 128
+                                                            ? std::vector<uint32_t>{4, 6, 12, 16}
+                                                            : std::vector<uint32_t>{16, 24, 48, 66};
                     for (uint32_t ns : sweep) {
                         const size_t wn = kvk_cuda_attn_workspace_bytes(S.B, S.H, S.D, ns);
                         void *w2;
                         CK(cudaMalloc(&w2, wn));
                         const float t1 = timed(0, ns, w2, wn);
-                        printf(",\n    {\"sweep\": 1, \"B\": %u, \"d\": %u, \"tokens\": %u, "
+                        printf("%s    {\"sweep\": 1, \"B\": %u, \"d\": %u, \"tokens\": %u, "
                                "\"mode\": \"%s\", \"splits\": %u, \"bytes\": %llu, "
                                "\"ms\": %.5f, \"gbps\": %.1f}",
-                               S.B, S.D, L, modes[mode], ns, (unsigned long long)bytes, t1,
+                               sep(), S.B, S.D, L, modes[mode], ns, (unsigned long long)bytes, t1,
                                bytes / (t1 * 1e6));
                         CK(cudaFree(w2));
                     }
@@ -368,9 +376,9 @@ int main(void)
                         ts.push_back(ms);
                 }
                 const double ms = median(ts);
-                printf(",\n    {\"op\": \"%s\", \"pages\": %u, \"fp8_bytes\": %llu, \"tq3_bytes\": "
+                printf("%s    {\"op\": \"%s\", \"pages\": %u, \"fp8_bytes\": %llu, \"tq3_bytes\": "
                        "%llu, \"ms\": %.4f, \"fp8_gbps\": %.1f}",
-                       pr == 0 ? "retier" : "promote", n, (unsigned long long)(n * pb8),
+                       sep(), pr == 0 ? "retier" : "promote", n, (unsigned long long)(n * pb8),
                        (unsigned long long)(n * pbt), ms, n * pb8 / (ms * 1e6));
             }
             CK(cudaFree(ds));
@@ -404,9 +412,9 @@ int main(void)
                     ts.push_back(ms);
             }
             const double ms = median(ts);
-            printf(",\n    {\"op\": \"append_fp16\", \"tokens\": %u, \"input_bytes\": %zu, "
+            printf("%s    {\"op\": \"append_fp16\", \"tokens\": %u, \"input_bytes\": %zu, "
                    "\"ms\": %.4f, \"input_gbps\": %.1f}",
-                   ntok, 2 * el * 2, ms, 2 * el * 2 / (ms * 1e6));
+                   sep(), ntok, 2 * el * 2, ms, 2 * el * 2 / (ms * 1e6));
             CK(cudaFree(dsp));
             CK(cudaFree(dsi));
             CK(cudaFree(k));
