@@ -78,6 +78,16 @@ __global__ void fill_pool(uint8_t *base, uint64_t bytes, kv_geom_t g, int fmt, u
     }
 }
 
+/* Separator before the next element of the "attention" list: none before the first (with
+ * KVBENCH_LENS filtering out every length the first element is an "op" row). */
+static bool g_first = true;
+static const char *sep()
+{
+    const char *s = g_first ? "" : ",\n";
+    g_first = false;
+    return s;
+}
+
 #ifdef KVK_ATTN_TRACE
 /* timeline probe of attn.cu (trace builds only): one decode call, per-block phase averages */
 extern "C" int kvk_cuda_attn_trace(unsigned long long *host, size_t blocks, int clear);
@@ -120,16 +130,6 @@ static void trace_row(uint32_t nblk, const char *what)
     printf("]}");
 }
 #endif
-
-/* Separator before the next element of the "attention" list: none before the first (with
- * KVBENCH_LENS filtering out every length the first element is an "op" row). */
-static bool g_first = true;
-static const char *sep()
-{
-    const char *s = g_first ? "" : ",\n";
-    g_first = false;
-    return s;
-}
 
 static float median(std::vector<float> v)
 {
