@@ -18,17 +18,21 @@
  * Backend: the daemon's. With `host` pools (CPU memory) the shim appends and attends with the
  * CPU twins (cuda/page.c, cuda/attn.c); with `cuda` / `cuda-ipc` pools (device memory) with
  * the kernels (cuda/append.cu, cuda/attn.cu), and tensors passed to kvs_append /
- * kvs_attention are then DEVICE pointers (kvs_on_device() says which). A shim built without
- * CUDA refuses device pools at kvs_open with KV_ERR_FAILED_PRECONDITION and a message saying
- * so.
+ * kvs_attention are then DEVICE pointers (kvs_on_device() says which) and kvs_append takes
+ * KVS_F16 or KVS_BF16 only (the append kernel has no float input). A shim built without CUDA
+ * refuses device pools at kvs_open with KV_ERR_FAILED_PRECONDITION and a message saying so.
  *
  * Sequences: a kvs_seq_t owns a block table (logical page ids) and the token ids written so
- * far. kvs_seq_begin acquires the longest cached prefix in whole pages (kvc_lookup) and opens
+ * far. kvs_seq_begin acquires the longest cached prefix in whole pages (kvc_lookup) — at most
+ * the whole pages before the prompt's last token, so that the engine always computes at least
+ * one token (it needs the last token's logits, and K/V cannot go into a sealed page) — and opens
  * the daemon-side sequence (kvc_seq_open / kvc_seq_append) so the lifecycle controller can
  * move its Stale pages to TQ3 — the block table stays valid because pages are addressed by
  * logical id through the directory. kvs_seq_extend allocates FP8 pages as the length crosses
  * page boundaries. kvs_seq_commit seals every page that became full (its tokens enter the
- * prefix index; a cached duplicate found at seal time replaces the page in the table).
+ * prefix index; a cached duplicate found at seal time replaces the page in the table); it
+ * refuses (FAILED_PRECONDITION) while a layer lacks K/V for a full page, so the cache never
+ * holds a half-written page.
  * kvs_seq_end releases the table's references (sealed pages stay cached) and closes the
  * daemon-side sequence. Pages are written only while they belong to the sequence and are not
  * sealed: positions below the cached prefix are read-only.
@@ -37,8 +41,10 @@
  * after the work is done), so libkvc's default safe-epoch mode is right.
  *
  * Errors: every call returns a kv_err_t (proto/kv_err.h); kvs_errmsg() names the problem
- * (the daemon's message, or the shim's own for a bad argument). Thread rule: one kvs_t per
- * thread, like kvc_t.
+ * (the daemon's message, or the shim's own for a bad argument); kvs_errmsg(NULL) is the
+ * message of the calling thread's last failed kvs_open (there is no kvs_t to carry it).
+ * Thread rule: one kvs_t per thread, like kvc_t. Sequences belong to their kvs_t: kvs_close
+ * ends and frees the ones still open.
  */
 #ifndef KVSHIM_H
 #define KVSHIM_H
@@ -64,7 +70,7 @@ typedef enum kvs_dtype_e {
 
 typedef struct kvs_opts_s {
     const char *endpoint; /* required: the daemon's control endpoint */
-    const char *ns;       /* namespace; NULL: "default" */
+    const char *ns;       /* namespace; NULL: the daemon's */
     const char *name;     /* client name in kvctl sessions; NULL: "kvshim" */
     int timeout_ms;       /* per call; 0: 5000 */
 } kvs_opts_t;
@@ -81,15 +87,17 @@ kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **o
                        size_t *cached);
 /* Make room for m more tokens (their ids: appended to the sequence's token list). */
 kv_err_t kvs_seq_extend(kvs_seq_t *q, const uint32_t *tokens, size_t m);
-/* K/V of the m tokens of the last kvs_seq_extend for one layer: k, v [m][kv_heads][head_dim]
- * of dtype. Quantized to FP8 (append kernel or its CPU twin). */
+/* K/V of the first m (≤ the last kvs_seq_extend's m) tokens of the last kvs_seq_extend for one
+ * layer: k, v [m][kv_heads][head_dim] of dtype. Quantized to FP8 (append kernel or its CPU
+ * twin). Call it for every layer before kvs_seq_commit / kvs_attention of that layer. */
 kv_err_t kvs_append(kvs_seq_t *q, uint32_t layer, const void *k, const void *v, kvs_dtype_t dt,
                     size_t m);
 /* Seal the pages that are full and not sealed yet. */
 kv_err_t kvs_seq_commit(kvs_seq_t *q);
 size_t kvs_seq_len(const kvs_seq_t *q);                            /* tokens in the sequence */
 size_t kvs_seq_pages(const kvs_seq_t *q, uint32_t *pages, size_t cap); /* block table */
-/* Decode attention of one query per sequence over its whole length: q, out
+/* Decode attention of one query per sequence over its whole length (every token's K/V of
+ * `layer` appended, else FAILED_PRECONDITION): q, out
  * [nseq][q_heads][head_dim] float (q_heads a multiple of kv_heads; query head h reads KV head
  * h / (q_heads / kv_heads)). sm_scale 0: 1/sqrt(head_dim). */
 kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t layer,

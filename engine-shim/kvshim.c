@@ -1,0 +1,724 @@
+/* kvshim.c — libkvshim (kvshim.h): sequences, append-with-quantize, prefix reuse and batch
+ * decode attention on top of libkvc and the kernels of cuda/.
+ *
+ * State:
+ *
+ *     kvs_t ── kvc_t (session, mappings)      kvs_seq_t ── pages[]   block table, logical ids
+ *       │      scratch (host, device)            │         tok[]     token ids, ntok of them
+ *       └── seqs: doubly linked list ────────────┘         nsealed   pages[0..nsealed) sealed
+ *                                                          written[layer]  tokens with K/V
+ *                                                          ext_from, ext_m  the last extend
+ *
+ * Reference accounting: every page of a table is held by the daemon-side sequence (dseq), never
+ * loose. kvc_lookup and kvc_alloc hand out loose references; the shim moves them into dseq with
+ * kvc_seq_append at once (and releases them itself when that fails). A seal that deduplicates
+ * moves the daemon's references to the canonical page at the same position of dseq
+ * (kvd/core.h, kvd_core_seal), so the shim only rewrites its own table entry. kvc_seq_close
+ * then drops all of them in kvs_seq_end; a kvc_release of a table page would fail, since none
+ * is loose.
+ *
+ * written[layer] lets the shim refuse what would otherwise corrupt shared state silently:
+ * sealing a page whose K/V is missing for some layer (the prefix cache would hand garbage to
+ * every later prompt) and attending over tokens never appended.
+ *
+ * Scratch buffers grow by doubling and live until kvs_close: an engine calls append and
+ * attention once per layer per step, so allocating per call would dominate on the host path.
+ */
+#include "kvshim.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvc.h"
+#include "kvkern.h"
+
+#ifdef KVS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kvkern_cuda.h"
+#endif
+
+#define KVS_ERR_BYTES 512
+/* pages per kvc_alloc request: below the daemon's default max_alloc (4096) */
+#define KVS_ALLOC_CHUNK 1024u
+
+struct kvs_seq_s {
+    kvs_t *s;
+    uint64_t dseq;       /* daemon-side sequence id */
+    uint32_t *pages;     /* [pcap] block table; npages used */
+    size_t npages, pcap;
+    uint32_t *tok;       /* [tcap] token ids; ntok used */
+    size_t ntok, tcap;
+    size_t nsealed;      /* pages[0..nsealed) are sealed (looked up or committed) */
+    size_t *written;     /* [layers] tokens [0..written) have K/V in that layer */
+    size_t ext_from, ext_m; /* tokens of the last kvs_seq_extend */
+    kvs_seq_t *prev, *next;
+};
+
+typedef struct kvs_buf_s {
+    void *p;
+    size_t cap;
+} kvs_buf_t;
+
+struct kvs_s {
+    kvc_t *c;
+    kv_geom_t geom;
+    int dev;             /* pools in device memory */
+    char name[64];
+    char err[KVS_ERR_BYTES];
+    kvs_seq_t *seqs;     /* open sequences, ended by kvs_close */
+    /* host scratch */
+    kvs_buf_t slots;     /* uint32 slot_page[m], slot_idx[m] */
+    kvs_buf_t kv;        /* float k[m][kvh][d], v[...] converted from f16 / bf16 */
+    kvs_buf_t idx;       /* attention: indptr, page ids, lengths */
+    kvs_buf_t parts;     /* attention partials m, l, o */
+#ifdef KVS_HAVE_CUDA
+    int sm_count;
+    kvs_buf_t d_slots;   /* device copies of the index arrays */
+    kvs_buf_t d_idx;
+    kvs_buf_t d_ws;      /* kvk_cuda_attn_decode workspace */
+#endif
+};
+
+/* kvs_open failures: there is no kvs_t to carry the message (kvs_errmsg(NULL)). */
+static _Thread_local char kvs_open_err[KVS_ERR_BYTES];
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static kv_err_t kvs_fail(kvs_t *s, kv_err_t code, const char *fmt, ...)
+{
+    char *dst = s ? s->err : kvs_open_err;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dst, KVS_ERR_BYTES, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* A libkvc call failed: keep the daemon's words, name the call. */
+static kv_err_t kvs_fail_kvc(kvs_t *s, kv_err_t code, const char *call)
+{
+    return kvs_fail(s, code, "%s: %s (%s)", call, kvc_errmsg(s->c), kv_err_name(code));
+}
+
+static void kvs_ok(kvs_t *s)
+{
+    s->err[0] = '\0';
+}
+
+/* a * b into *out; 0 on overflow */
+static int kvs_mul(size_t a, size_t b, size_t *out)
+{
+    if (a && b > SIZE_MAX / a)
+        return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* Grow a host buffer to at least `need` bytes (contents not kept). 0 on failure. */
+static int kvs_buf_grow(kvs_buf_t *b, size_t need)
+{
+    if (b->cap >= need)
+        return 1;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < need)
+        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+    void *p = malloc(cap);
+    if (!p)
+        return 0;
+    free(b->p);
+    b->p = p;
+    b->cap = cap;
+    return 1;
+}
+
+/* Grow *arr (elements of `esz` bytes, contents kept) to hold at least `need`. 0 on failure. */
+static int kvs_arr_grow(void **arr, size_t *cap, size_t need, size_t esz)
+{
+    if (*cap >= need)
+        return 1;
+    size_t n = *cap ? *cap : 16, bytes;
+    while (n < need)
+        n = n > SIZE_MAX / 4 ? need : n * 2;
+    if (!kvs_mul(n, esz, &bytes))
+        return 0;
+    void *p = realloc(*arr, bytes);
+    if (!p)
+        return 0;
+    *arr = p;
+    *cap = n;
+    return 1;
+}
+
+#ifdef KVS_HAVE_CUDA
+static int kvs_dbuf_grow(kvs_buf_t *b, size_t need)
+{
+    if (b->cap >= need)
+        return 1;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < need)
+        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+    void *p = NULL;
+    if (cudaMalloc(&p, cap) != cudaSuccess)
+        return 0;
+    if (b->p)
+        cudaFree(b->p);
+    b->p = p;
+    b->cap = cap;
+    return 1;
+}
+
+static void kvs_dbuf_free(kvs_buf_t *b)
+{
+    if (b->p)
+        cudaFree(b->p);
+    b->p = NULL;
+    b->cap = 0;
+}
+
+static kv_err_t kvs_fail_cuda(kvs_t *s, cudaError_t ce, const char *call)
+{
+    return kvs_fail(s, KV_ERR_DEVICE, "%s: %s", call, cudaGetErrorString(ce));
+}
+#endif
+
+/* ---- session ------------------------------------------------------------------------------ */
+
+kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o)
+{
+    kvs_open_err[0] = '\0';
+    if (!out)
+        return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_open: out is NULL");
+    *out = NULL;
+    if (!o)
+        return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_open: opts is NULL");
+    if (!o->endpoint || !*o->endpoint)
+        return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_open: opts.endpoint is missing");
+    if (o->timeout_ms < 0)
+        return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_open: opts.timeout_ms is %d (< 0)",
+                        o->timeout_ms);
+    kvs_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return kvs_fail(NULL, KV_ERR_NOMEM, "kvs_open: out of memory");
+    snprintf(s->name, sizeof s->name, "%s", o->name ? o->name : "kvshim");
+    kv_err_t e = kvc_connect(&s->c, o->endpoint, o->timeout_ms ? o->timeout_ms : 5000);
+    if (e != KV_ERR_OK) {
+        kvs_fail(NULL, e, "kvs_open: kvc_connect(%s): %s", o->endpoint,
+                 s->c ? kvc_errmsg(s->c) : kv_err_msg(e));
+        goto fail;
+    }
+    e = kvc_hello(s->c, o->ns, s->name, 1);
+    if (e != KV_ERR_OK) {
+#ifndef KVS_HAVE_CUDA
+        if (e == KV_ERR_DEVICE) { /* libkvc without CUDA cannot import device pools */
+            e = KV_ERR_FAILED_PRECONDITION;
+            kvs_fail(NULL, e,
+                     "kvs_open: the daemon at %s serves device (cuda) pools but this libkvshim "
+                     "was built without CUDA (KVD_CUDA=OFF); rebuild with KVD_CUDA=ON or run "
+                     "the daemon with backend host (libkvc: %s)",
+                     o->endpoint, kvc_errmsg(s->c));
+            goto fail;
+        }
+#endif
+        kvs_fail(NULL, e, "kvs_open: kvc_hello(%s): %s (%s)", o->endpoint, kvc_errmsg(s->c),
+                 kv_err_name(e));
+        goto fail;
+    }
+    s->geom = *kvc_geom(s->c);
+    s->dev = kvc_on_device(s->c);
+#ifndef KVS_HAVE_CUDA
+    if (s->dev) {
+        e = kvs_fail(NULL, KV_ERR_FAILED_PRECONDITION,
+                     "kvs_open: the daemon serves backend %s (device pools) but this libkvshim "
+                     "was built without CUDA (KVD_CUDA=OFF)",
+                     kvc_backend(s->c));
+        goto fail;
+    }
+#else
+    if (s->dev) {
+        int devno = 0;
+        cudaError_t ce = cudaGetDevice(&devno);
+        if (ce == cudaSuccess)
+            ce = cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, devno);
+        if (ce != cudaSuccess) {
+            e = kvs_fail(NULL, KV_ERR_DEVICE, "kvs_open: cudaDeviceGetAttribute: %s",
+                         cudaGetErrorString(ce));
+            goto fail;
+        }
+    }
+#endif
+    if (!kv_geom_valid(&s->geom)) {
+        e = kvs_fail(NULL, KV_ERR_GEOMETRY_MISMATCH, "kvs_open: the daemon's geometry is not "
+                                                     "valid for the kernels");
+        goto fail;
+    }
+    *out = s;
+    return KV_ERR_OK;
+fail:
+    kvc_close(&s->c);
+    free(s);
+    return e;
+}
+
+static void kvs_seq_free(kvs_seq_t *q)
+{
+    kvs_t *s = q->s;
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        s->seqs = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    free(q->pages);
+    free(q->tok);
+    free(q->written);
+    free(q);
+}
+
+void kvs_close(kvs_t **sp)
+{
+    if (!sp || !*sp)
+        return;
+    kvs_t *s = *sp;
+    while (s->seqs) {
+        kvs_seq_t *q = s->seqs;
+        kvs_seq_end(&q);
+    }
+    kvc_close(&s->c);
+    free(s->slots.p);
+    free(s->kv.p);
+    free(s->idx.p);
+    free(s->parts.p);
+#ifdef KVS_HAVE_CUDA
+    kvs_dbuf_free(&s->d_slots);
+    kvs_dbuf_free(&s->d_idx);
+    kvs_dbuf_free(&s->d_ws);
+#endif
+    free(s);
+    *sp = NULL;
+}
+
+const char *kvs_errmsg(const kvs_t *s)
+{
+    return s ? s->err : kvs_open_err;
+}
+
+const kv_geom_t *kvs_geom(const kvs_t *s)
+{
+    return s ? &s->geom : NULL;
+}
+
+int kvs_on_device(const kvs_t *s)
+{
+    return s ? s->dev : 0;
+}
+
+/* ---- sequences ---------------------------------------------------------------------------- */
+
+kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **out,
+                       size_t *cached)
+{
+    if (!s)
+        return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_seq_begin: s is NULL");
+    kvs_ok(s);
+    if (out)
+        *out = NULL;
+    if (cached)
+        *cached = 0;
+    if (!out || !cached)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_seq_begin: %s is NULL",
+                        !out ? "out" : "cached");
+    if (!tokens || n == 0)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_seq_begin: %s",
+                        !tokens ? "tokens is NULL" : "n is 0 (an empty prompt)");
+    if (n > UINT32_MAX)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "kvs_seq_begin: n = %zu tokens (a sequence holds at most %u)", n,
+                        UINT32_MAX);
+    const uint32_t pt = s->geom.page_tokens;
+    /* Reuse at most the whole pages before the last token: the engine must run the last
+     * token to get its logits, and its K/V cannot go into a sealed (immutable) page. */
+    const size_t keep = (n - 1) / pt;
+    kvs_seq_t *q = calloc(1, sizeof *q);
+    if (!q || !(q->written = calloc(s->geom.layers, sizeof *q->written)) ||
+        !kvs_arr_grow((void **)&q->pages, &q->pcap, keep + 1, sizeof *q->pages) ||
+        !kvs_arr_grow((void **)&q->tok, &q->tcap, n, sizeof *q->tok)) {
+        if (q) {
+            free(q->written);
+            free(q->pages);
+            free(q->tok);
+            free(q);
+        }
+        return kvs_fail(s, KV_ERR_NOMEM, "kvs_seq_begin: out of memory for %zu tokens", n);
+    }
+    q->s = s;
+    kv_err_t e = kvc_seq_open(s->c, s->name, &q->dseq);
+    if (e != KV_ERR_OK) {
+        kvs_fail_kvc(s, e, "kvs_seq_begin: kvc_seq_open");
+        goto fail_free;
+    }
+    size_t np = 0;
+    if (keep) {
+        uint32_t matched = 0;
+        e = kvc_lookup(s->c, tokens, keep * pt, NULL, 0, 0, q->pages, keep, &np, &matched);
+        if (e != KV_ERR_OK) {
+            kvs_fail_kvc(s, e, "kvs_seq_begin: kvc_lookup");
+            goto fail_close;
+        }
+        if (np) {
+            e = kvc_seq_append(s->c, q->dseq, q->pages, np);
+            if (e != KV_ERR_OK) {
+                kvs_fail_kvc(s, e, "kvs_seq_begin: kvc_seq_append");
+                kvc_release(s->c, q->pages, np); /* loose references from the lookup */
+                goto fail_close;
+            }
+        }
+    }
+    q->npages = q->nsealed = np;
+    q->ntok = np * pt;
+    memcpy(q->tok, tokens, q->ntok * sizeof *q->tok);
+    for (uint32_t l = 0; l < s->geom.layers; l++)
+        q->written[l] = q->ntok;
+    q->ext_from = q->ntok;
+    q->next = s->seqs;
+    if (s->seqs)
+        s->seqs->prev = q;
+    s->seqs = q;
+    *out = q;
+    *cached = q->ntok;
+    return KV_ERR_OK;
+fail_close:
+    kvc_seq_close(s->c, q->dseq);
+fail_free:
+    free(q->written);
+    free(q->pages);
+    free(q->tok);
+    free(q);
+    return e;
+}
+
+kv_err_t kvs_seq_extend(kvs_seq_t *q, const uint32_t *tokens, size_t m)
+{
+    if (!q)
+        return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_seq_extend: q is NULL");
+    kvs_t *s = q->s;
+    kvs_ok(s);
+    if (!tokens || m == 0)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_seq_extend: %s",
+                        !tokens ? "tokens is NULL" : "m is 0");
+    if (m > UINT32_MAX - q->ntok)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "kvs_seq_extend: m = %zu takes the sequence past %u tokens", m,
+                        UINT32_MAX);
+    const uint32_t pt = s->geom.page_tokens;
+    const size_t len = q->ntok + m, want = (len + pt - 1) / pt;
+    if (!kvs_arr_grow((void **)&q->tok, &q->tcap, len, sizeof *q->tok) ||
+        !kvs_arr_grow((void **)&q->pages, &q->pcap, want, sizeof *q->pages))
+        return kvs_fail(s, KV_ERR_NOMEM, "kvs_seq_extend: out of memory for %zu tokens", len);
+    /* Pages in chunks, each moved into the daemon-side sequence at once; a failure keeps the
+     * pages already appended (the next extend counts them) and adds no token. */
+    while (q->npages < want) {
+        uint32_t k = (uint32_t)(want - q->npages < KVS_ALLOC_CHUNK ? want - q->npages
+                                                                    : KVS_ALLOC_CHUNK);
+        uint32_t *dst = q->pages + q->npages;
+        kv_err_t e = kvc_alloc(s->c, KV_FMT_FP8, k, dst);
+        if (e != KV_ERR_OK)
+            return kvs_fail_kvc(s, e, "kvs_seq_extend: kvc_alloc");
+        e = kvc_seq_append(s->c, q->dseq, dst, k);
+        if (e != KV_ERR_OK) {
+            kvs_fail_kvc(s, e, "kvs_seq_extend: kvc_seq_append");
+            kvc_release(s->c, dst, k);
+            return e;
+        }
+        q->npages += k;
+    }
+    memcpy(q->tok + q->ntok, tokens, m * sizeof *tokens);
+    q->ext_from = q->ntok;
+    q->ext_m = m;
+    q->ntok = len;
+    return KV_ERR_OK;
+}
+
+/* f16 / bf16 rows to float (the CPU twin takes float; both widenings are exact). */
+static void kvs_widen(kvs_dtype_t dt, const void *src, float *dst, size_t n)
+{
+    const uint16_t *h = src;
+    if (dt == KVS_F16) {
+        for (size_t i = 0; i < n; i++)
+            dst[i] = kv_half_to_float(h[i]);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t b = (uint32_t)h[i] << 16;
+            memcpy(&dst[i], &b, sizeof b);
+        }
+    }
+}
+
+kv_err_t kvs_append(kvs_seq_t *q, uint32_t layer, const void *k, const void *v, kvs_dtype_t dt,
+                    size_t m)
+{
+    if (!q)
+        return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_append: q is NULL");
+    kvs_t *s = q->s;
+    kvs_ok(s);
+    const kv_geom_t *g = &s->geom;
+    if (!k || !v)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_append: %s is NULL", !k ? "k" : "v");
+    if (layer >= g->layers)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_append: layer %u (the model has %u)",
+                        layer, g->layers);
+    if (dt != KVS_F32 && dt != KVS_F16 && dt != KVS_BF16)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_append: dtype %d is not KVS_F32, "
+                                                    "KVS_F16 or KVS_BF16", (int)dt);
+    if (m == 0 || m > q->ext_m)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "kvs_append: m = %zu; the last kvs_seq_extend added %zu tokens", m,
+                        q->ext_m);
+    if (q->ext_from < q->nsealed * g->page_tokens)
+        return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                        "kvs_append: the tokens of the last extend are in pages already sealed "
+                        "(kvs_seq_commit came between); extend again");
+    if (s->dev && dt == KVS_F32)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "kvs_append: dtype KVS_F32 on device pools; the append kernel takes "
+                        "KVS_F16 or KVS_BF16");
+    size_t row = (size_t)g->kv_heads * g->head_dim, nval, slot_bytes;
+    if (!kvs_mul(m, row, &nval) || !kvs_mul(m, 2 * sizeof(uint32_t), &slot_bytes) ||
+        !kvs_buf_grow(&s->slots, slot_bytes))
+        return kvs_fail(s, KV_ERR_NOMEM, "kvs_append: out of memory for %zu tokens", m);
+    uint32_t *sp = s->slots.p, *si = sp + m;
+    for (size_t t = 0; t < m; t++) {
+        size_t pos = q->ext_from + t;
+        sp[t] = q->pages[pos / g->page_tokens];
+        si[t] = (uint32_t)(pos % g->page_tokens);
+    }
+    kv_pools_t pools;
+    kvc_pools(s->c, &pools);
+    const kv_dir_entry_t *dir = (const kv_dir_entry_t *)kvc_directory(s->c);
+    const uint32_t dir_len = kvc_dir_entries(s->c);
+    int rc;
+    if (!s->dev) {
+        const float *kf = k, *vf = v;
+        if (dt != KVS_F32) {
+            size_t bytes;
+            if (!kvs_mul(nval, 2 * sizeof(float), &bytes) || !kvs_buf_grow(&s->kv, bytes))
+                return kvs_fail(s, KV_ERR_NOMEM, "kvs_append: out of memory for %zu tokens", m);
+            float *kw = s->kv.p, *vw = kw + nval;
+            kvs_widen(dt, k, kw, nval);
+            kvs_widen(dt, v, vw, nval);
+            kf = kw;
+            vf = vw;
+        }
+        rc = kv_fp8_append(g, &pools, dir, dir_len, layer, (uint32_t)m, sp, si, kf, vf);
+    } else {
+#ifdef KVS_HAVE_CUDA
+        if (!kvs_dbuf_grow(&s->d_slots, slot_bytes))
+            return kvs_fail(s, KV_ERR_DEVICE, "kvs_append: cudaMalloc of %zu bytes failed",
+                            slot_bytes);
+        cudaError_t ce = cudaMemcpy(s->d_slots.p, sp, slot_bytes, cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess)
+            return kvs_fail_cuda(s, ce, "kvs_append: cudaMemcpy");
+        const uint32_t *dsp = s->d_slots.p, *dsi = dsp + m;
+        rc = kvk_cuda_fp8_append(g, &pools, dir, dir_len, layer, (uint32_t)m, dsp, dsi, k, v,
+                                 dt == KVS_F16 ? KVK_DTYPE_F16 : KVK_DTYPE_BF16, 0);
+        if (rc == KVK_OK && (ce = cudaStreamSynchronize(0)) != cudaSuccess)
+            return kvs_fail_cuda(s, ce, "kvs_append: cudaStreamSynchronize");
+#else
+        rc = KVK_EINVAL; /* kvs_open refuses device pools without CUDA */
+#endif
+    }
+    if (rc == KVK_EDEVICE)
+        return kvs_fail(s, KV_ERR_DEVICE, "kvs_append: the append kernel failed to launch");
+    if (rc != KVK_OK)
+        return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                        "kvs_append: the append kernel refused layer %u, %zu tokens from %zu "
+                        "(a page of the table is not a valid unsealed FP8 page)",
+                        layer, m, q->ext_from);
+    /* K/V of this layer is contiguous up to ext_from + m only if nothing before was skipped */
+    if (q->written[layer] >= q->ext_from && q->written[layer] < q->ext_from + m)
+        q->written[layer] = q->ext_from + m;
+    return KV_ERR_OK;
+}
+
+kv_err_t kvs_seq_commit(kvs_seq_t *q)
+{
+    if (!q)
+        return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_seq_commit: q is NULL");
+    kvs_t *s = q->s;
+    kvs_ok(s);
+    const uint32_t pt = s->geom.page_tokens;
+    const size_t full = q->ntok / pt;
+    if (full <= q->nsealed)
+        return KV_ERR_OK;
+    for (uint32_t l = 0; l < s->geom.layers; l++)
+        if (q->written[l] < full * pt)
+            return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                            "kvs_seq_commit: layer %u has K/V for %zu of the %zu tokens of the "
+                            "full pages; append every layer before committing",
+                            l, q->written[l], full * pt);
+    while (q->nsealed < full) {
+        size_t i = q->nsealed;
+        uint32_t canon = 0;
+        kv_err_t e = kvc_seal(s->c, q->pages[i], i ? q->pages[i - 1] : KVP_NO_PAGE,
+                              q->tok + i * pt, pt, NULL, 0, &canon);
+        if (e != KV_ERR_OK)
+            return kvs_fail_kvc(s, e, "kvs_seq_commit: kvc_seal");
+        /* dedupe: the daemon moved our reference (in dseq, same position) to canon */
+        q->pages[i] = canon;
+        q->nsealed++;
+    }
+    return KV_ERR_OK;
+}
+
+size_t kvs_seq_len(const kvs_seq_t *q)
+{
+    return q ? q->ntok : 0;
+}
+
+size_t kvs_seq_pages(const kvs_seq_t *q, uint32_t *pages, size_t cap)
+{
+    if (!q)
+        return 0;
+    size_t n = (q->ntok + q->s->geom.page_tokens - 1) / q->s->geom.page_tokens;
+    if (pages)
+        memcpy(pages, q->pages, (n < cap ? n : cap) * sizeof *pages);
+    return n;
+}
+
+void kvs_seq_end(kvs_seq_t **qp)
+{
+    if (!qp || !*qp)
+        return;
+    kvs_seq_t *q = *qp;
+    kvs_t *s = q->s;
+    kv_err_t e = kvc_seq_close(s->c, q->dseq); /* drops every reference of the table */
+    if (e != KV_ERR_OK)
+        kvs_fail_kvc(s, e, "kvs_seq_end: kvc_seq_close");
+    else
+        kvs_ok(s);
+    kvs_seq_free(q);
+    *qp = NULL;
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t layer,
+                       uint32_t q_heads, const float *qv, float sm_scale, float *out)
+{
+    if (!s)
+        return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_attention: s is NULL");
+    kvs_ok(s);
+    const kv_geom_t *g = &s->geom;
+    const uint32_t pt = g->page_tokens, d = g->head_dim;
+    if (!seqs || nseq == 0)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: %s",
+                        !seqs ? "seqs is NULL" : "nseq is 0");
+    if (nseq > UINT32_MAX - 1)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: nseq = %zu", nseq);
+    if (!qv || !out)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: %s is NULL",
+                        !qv ? "q" : "out");
+    if (layer >= g->layers)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: layer %u (the model has %u)",
+                        layer, g->layers);
+    if (q_heads == 0 || q_heads % g->kv_heads)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "kvs_attention: q_heads = %u is not a positive multiple of kv_heads = %u",
+                        q_heads, g->kv_heads);
+    if (!(sm_scale >= 0.0f) || isinf(sm_scale))
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: sm_scale %g", sm_scale);
+    size_t total = 0;
+    for (size_t i = 0; i < nseq; i++) {
+        const kvs_seq_t *q = seqs[i];
+        if (!q || q->s != s)
+            return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: seqs[%zu] is %s", i,
+                            !q ? "NULL" : "a sequence of another kvs_t");
+        if (q->ntok == 0 || q->written[layer] < q->ntok)
+            return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                            "kvs_attention: seqs[%zu] has K/V of layer %u for %zu of its %zu "
+                            "tokens; kvs_append first",
+                            i, layer, q->written[layer], q->ntok);
+        total += (q->ntok + pt - 1) / pt;
+    }
+    if (total > UINT32_MAX)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: %zu pages in one batch",
+                        total);
+    /* [nseq + 1] indptr, [total] page ids, [nseq] lengths, one buffer */
+    size_t idx_n = 2 * nseq + 1 + total, idx_bytes;
+    if (!kvs_mul(idx_n, sizeof(uint32_t), &idx_bytes) || !kvs_buf_grow(&s->idx, idx_bytes))
+        return kvs_fail(s, KV_ERR_NOMEM, "kvs_attention: out of memory");
+    uint32_t *indptr = s->idx.p, *ids = indptr + nseq + 1, *lens = ids + total;
+    indptr[0] = 0;
+    for (size_t i = 0; i < nseq; i++) {
+        const kvs_seq_t *q = seqs[i];
+        uint32_t np = (uint32_t)((q->ntok + pt - 1) / pt);
+        memcpy(ids + indptr[i], q->pages, (size_t)np * sizeof *ids);
+        indptr[i + 1] = indptr[i] + np;
+        lens[i] = (uint32_t)q->ntok;
+    }
+    kv_pools_t pools;
+    kvc_pools(s->c, &pools);
+    const kv_dir_entry_t *dir = (const kv_dir_entry_t *)kvc_directory(s->c);
+    const uint32_t dir_len = kvc_dir_entries(s->c);
+    kv_attn_batch_t b = {.batch = (uint32_t)nseq, .q_heads = q_heads, .layer = layer,
+                         .sm_scale = sm_scale > 0.0f ? sm_scale : 1.0f / sqrtf((float)d),
+                         .page_indptr = indptr, .page_ids = ids, .seq_len = lens};
+    int rc;
+    if (!s->dev) {
+        /* one split: the CPU twin gains nothing from more, and the merge stays cheap */
+        const uint32_t splits = 1, parts = kv_attn_num_parts((uint32_t)nseq, splits);
+        size_t nml, no, bytes;
+        if (!kvs_mul(parts, q_heads, &nml) || !kvs_mul(nml, d, &no) ||
+            !kvs_mul(2 * nml + no, sizeof(float), &bytes) || !kvs_buf_grow(&s->parts, bytes))
+            return kvs_fail(s, KV_ERR_NOMEM, "kvs_attention: out of memory for the partials");
+        float *pm = s->parts.p, *pl = pm + nml, *po = pl + nml;
+        rc = kv_attn_partial(g, &pools, dir, dir_len, &b, qv, splits, pm, pl, po);
+        if (rc == KVK_OK)
+            rc = kv_attn_merge(b.batch, splits * KV_FMT_COUNT, q_heads, d, pm, pl, po, out);
+    } else {
+#ifdef KVS_HAVE_CUDA
+        uint32_t max_pages = 0;
+        for (size_t i = 0; i < nseq; i++)
+            max_pages = indptr[i + 1] - indptr[i] > max_pages ? indptr[i + 1] - indptr[i]
+                                                              : max_pages;
+        uint32_t splits = kvk_cuda_attn_suggest_splits(b.batch, g->kv_heads, q_heads, d,
+                                                       max_pages, (uint32_t)s->sm_count);
+        if (splits == 0)
+            splits = 1;
+        size_t ws = kvk_cuda_attn_workspace_bytes(b.batch, q_heads, d, splits);
+        if (ws == 0)
+            return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: the workspace of %zu "
+                                                        "sequences overflows", nseq);
+        if (!kvs_dbuf_grow(&s->d_idx, idx_bytes) || !kvs_dbuf_grow(&s->d_ws, ws))
+            return kvs_fail(s, KV_ERR_DEVICE, "kvs_attention: cudaMalloc failed (%zu + %zu "
+                                              "bytes)", idx_bytes, ws);
+        cudaError_t ce = cudaMemcpy(s->d_idx.p, indptr, idx_bytes, cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess)
+            return kvs_fail_cuda(s, ce, "kvs_attention: cudaMemcpy");
+        const uint32_t *dind = s->d_idx.p;
+        b.page_indptr = dind;
+        b.page_ids = dind + nseq + 1;
+        b.seq_len = dind + nseq + 1 + total;
+        rc = kvk_cuda_attn_decode(g, &pools, dir, dir_len, &b, qv, splits, s->d_ws.p, s->d_ws.cap,
+                                  out, 0);
+        if (rc == KVK_OK && (ce = cudaStreamSynchronize(0)) != cudaSuccess)
+            return kvs_fail_cuda(s, ce, "kvs_attention: cudaStreamSynchronize");
+#else
+        rc = KVK_EINVAL;
+#endif
+    }
+    if (rc == KVK_EDEVICE)
+        return kvs_fail(s, KV_ERR_DEVICE, "kvs_attention: the attention kernel failed to launch");
+    if (rc == KVK_ENOMEM)
+        return kvs_fail(s, KV_ERR_NOMEM, "kvs_attention: the attention kernel ran out of memory");
+    if (rc != KVK_OK)
+        return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                        "kvs_attention: the attention kernel refused the batch (layer %u, "
+                        "%zu sequences, q_heads %u; a page is not mapped in the directory)",
+                        layer, nseq, q_heads);
+    return KV_ERR_OK;
+}
