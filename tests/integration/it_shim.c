@@ -1,0 +1,486 @@
+/* it_shim.c — libkvshim (engine-shim/kvshim.h) against the real daemon on the host backend.
+ *
+ * 1. Two processes, one prompt of 2.5 pages. A: nothing cached; extend, append every layer,
+ *    commit (2 pages sealed), attention, checked against the float64 reference over the same
+ *    pages. B (another process, while A still holds its sequence): 2 pages cached, its table
+ *    starts with A's sealed pages, it computes only the last 8 tokens, and its attention equals
+ *    A's bit for bit.
+ * 2. Bad arguments: INVALID_ARGUMENT with a message naming the field; misuse of the sequence
+ *    state (attention or commit before every layer is appended, append into sealed pages):
+ *    FAILED_PRECONDITION. kvs_close ends open sequences (no reference left).
+ * 3. A sealed prefix outlives kvs_seq_end; a prompt that is wholly cached still leaves its last
+ *    page to compute, and committing it deduplicates to the cached page.
+ * 4. f16 and bf16 inputs give the same FP8 page bytes as float inputs of the same values.
+ *
+ * Geometry: itest's (2 layers, 2 KV heads, head_dim 64, 16-token pages).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "itest.h"
+#include "kvkern.h"
+#include "kvshim.h"
+
+#define PT ITEST_PT
+#define LAYERS 2u
+#define KVH 2u
+#define HD 64u
+#define QH 4u        /* two query heads per KV head */
+#define NTOK 40u     /* 2.5 pages */
+#define ROW (KVH * HD)
+#define OUTN (LAYERS * QH * HD)
+
+/* In a child: report and exit with a code (cmocka's assertions belong to the parent). */
+#define CK(c)                                                                                      \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                 \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+#define CKE(s, call)                                                                               \
+    do {                                                                                           \
+        kv_err_t e_ = (call);                                                                      \
+        if (e_ != KV_ERR_OK) {                                                                     \
+            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,                     \
+                    kv_err_name(e_), kvs_errmsg(s));                                               \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+static void prompt(uint32_t seed, uint32_t *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = seed * 100000u + 5000u + (uint32_t)i * 13u;
+}
+
+/* K/V value of (layer, position, kind, head, coordinate): multiples of 1/16 in [-1.875, 1.875],
+ * exact in f16 and bf16, so the three input types carry the same numbers. */
+static float kv_value(uint32_t l, size_t pos, int kind, uint32_t h, uint32_t i)
+{
+    uint64_t x = (uint64_t)pos * 131u + l * 31u + (uint32_t)kind * 17u + h * 7u + i * 3u;
+    return (float)((int)(x % 61u) - 30) / 16.0f;
+}
+
+static uint16_t bf16_bits(float f)
+{
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    return (uint16_t)(b >> 16); /* exact for the values above */
+}
+
+/* Append tokens [from, from + m) of every layer, as dtype dt. */
+static kv_err_t fill(kvs_seq_t *q, size_t from, size_t m, kvs_dtype_t dt)
+{
+    size_t n = m * ROW;
+    float *kf = malloc(2 * n * sizeof *kf);
+    uint16_t *kh = malloc(2 * n * sizeof *kh);
+    assert_non_null(kf);
+    assert_non_null(kh);
+    kv_err_t e = KV_ERR_OK;
+    for (uint32_t l = 0; l < LAYERS && e == KV_ERR_OK; l++) {
+        for (size_t t = 0; t < m; t++)
+            for (int kind = 0; kind < 2; kind++)
+                for (uint32_t h = 0; h < KVH; h++)
+                    for (uint32_t i = 0; i < HD; i++) {
+                        size_t at = (size_t)kind * n + t * ROW + h * HD + i;
+                        kf[at] = kv_value(l, from + t, kind, h, i);
+                        kh[at] = dt == KVS_F16 ? kv_half_from_float(kf[at]) : bf16_bits(kf[at]);
+                    }
+        if (dt == KVS_F32)
+            e = kvs_append(q, l, kf, kf + n, dt, m);
+        else
+            e = kvs_append(q, l, kh, kh + n, dt, m);
+    }
+    free(kf);
+    free(kh);
+    return e;
+}
+
+static void query(float *q)
+{
+    for (uint32_t h = 0; h < QH; h++)
+        for (uint32_t i = 0; i < HD; i++)
+            q[h * HD + i] = (float)((int)((h * 37u + i * 11u) % 23u) - 11) / 8.0f;
+}
+
+/* Attention of every layer for one sequence: out[LAYERS][QH][HD]. */
+static kv_err_t attend(kvs_t *s, kvs_seq_t *q, float *out)
+{
+    float qv[QH * HD];
+    query(qv);
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        kv_err_t e = kvs_attention(s, &q, 1, l, QH, qv, 0.0f, out + l * QH * HD);
+        if (e != KV_ERR_OK)
+            return e;
+    }
+    return KV_ERR_OK;
+}
+
+static kvs_t *shim_open(const itest_kvd_t *k, const char *name)
+{
+    kvs_t *s = NULL;
+    kv_err_t e = kvs_open(&s, &(kvs_opts_t){.endpoint = k->endpoint, .name = name,
+                                            .timeout_ms = 30000});
+    if (e != KV_ERR_OK)
+        fprintf(stderr, "kvs_open: %s\n", kvs_errmsg(NULL));
+    return s;
+}
+
+/* ---- 1. two processes --------------------------------------------------------------------- */
+
+typedef struct a_report_s {
+    uint32_t pages[3];
+    float out[OUTN];
+} a_report_t;
+
+/* Relative L2 error of out against the float64 reference over the pages, read through a
+ * separate libkvc mapping of the same pools. */
+static double ref_err(const itest_kvd_t *k, const uint32_t *pages, uint32_t np, uint32_t len,
+                      const float *out)
+{
+    kvc_t *c = itest_connect(k, "reference");
+    kv_pools_t pools;
+    kvc_pools(c, &pools);
+    uint32_t indptr[2] = {0, np};
+    float qv[QH * HD];
+    query(qv);
+    double num = 0, den = 0, ref[QH * HD];
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        kv_attn_batch_t b = {.batch = 1, .q_heads = QH, .layer = l,
+                             .sm_scale = 1.0f / sqrtf((float)HD), .page_indptr = indptr,
+                             .page_ids = pages, .seq_len = &len};
+        if (kv_attn_reference(kvc_geom(c), &pools, (const kv_dir_entry_t *)kvc_directory(c),
+                              kvc_dir_entries(c), &b, qv, ref) != KVK_OK)
+            return INFINITY;
+        for (uint32_t i = 0; i < QH * HD; i++) {
+            double dlt = out[l * QH * HD + i] - ref[i];
+            num += dlt * dlt;
+            den += ref[i] * ref[i];
+        }
+    }
+    kvc_close(&c);
+    return den > 0 ? sqrt(num / den) : INFINITY;
+}
+
+static int child_a(const itest_kvd_t *k, int wfd, int rfd)
+{
+    kvs_t *s = shim_open(k, "shim-A");
+    CK(s);
+    CK(!kvs_on_device(s) && kvs_geom(s)->page_tokens == PT && kvs_geom(s)->layers == LAYERS);
+    uint32_t tok[NTOK];
+    prompt(1, tok, NTOK);
+    kvs_seq_t *q;
+    size_t cached = 99;
+    CKE(s, kvs_seq_begin(s, tok, NTOK, &q, &cached));
+    CK(cached == 0);
+    CKE(s, kvs_seq_extend(q, tok, NTOK));
+    CK(kvs_seq_len(q) == NTOK);
+    CKE(s, fill(q, 0, NTOK, KVS_F32));
+    CKE(s, kvs_seq_commit(q));
+    a_report_t r;
+    CK(kvs_seq_pages(q, r.pages, 3) == 3);
+    /* two pages sealed, the third still open (read through our own directory mapping) */
+    kvc_t *c = itest_connect(k, "A-dir");
+    for (int i = 0; i < 3; i++)
+        CK(!!(kv_dir_flags(kvc_directory(c)[r.pages[i]]) & KV_DIR_SEALED) == (i < 2));
+    kvc_close(&c);
+    CKE(s, attend(s, q, r.out));
+    /* Tolerance 1e-4: both sides read the same FP8 pages, so the only difference is the
+     * arithmetic (the twin accumulates in float with an online softmax, the reference in
+     * double); over 40 tokens that stays near 1e-6, far below 1e-4. */
+    double err = ref_err(k, r.pages, 3, NTOK, r.out);
+    fprintf(stderr, "[ shim ] A: attention vs float64 reference: rel err %.3g (tol 1e-4)\n", err);
+    CK(err <= 1e-4);
+    CK(write(wfd, &r, sizeof r) == (ssize_t)sizeof r);
+    char go;
+    CK(read(rfd, &go, 1) == 1); /* keep the sequence until B is done */
+    kvs_seq_end(&q);
+    CK(q == NULL && kvs_errmsg(s)[0] == '\0');
+    kvs_close(&s);
+    CK(s == NULL);
+    return 0;
+}
+
+static int child_b(const itest_kvd_t *k, const a_report_t *a)
+{
+    kvs_t *s = shim_open(k, "shim-B");
+    CK(s);
+    uint32_t tok[NTOK];
+    prompt(1, tok, NTOK);
+    kvs_seq_t *q;
+    size_t cached = 0;
+    CKE(s, kvs_seq_begin(s, tok, NTOK, &q, &cached));
+    CK(cached == 2 * PT);
+    uint32_t pages[4];
+    CK(kvs_seq_pages(q, pages, 4) == 2 && kvs_seq_len(q) == 2 * PT);
+    CK(pages[0] == a->pages[0] && pages[1] == a->pages[1]);
+    CKE(s, kvs_seq_extend(q, tok + cached, NTOK - cached));
+    CKE(s, fill(q, cached, NTOK - cached, KVS_F32));
+    CKE(s, kvs_seq_commit(q)); /* no page became full */
+    CK(kvs_seq_pages(q, pages, 4) == 3);
+    CK(pages[0] == a->pages[0] && pages[1] == a->pages[1] && pages[2] != a->pages[2]);
+    float out[OUTN];
+    CKE(s, attend(s, q, out));
+    CK(memcmp(out, a->out, sizeof out) == 0);
+    kvs_close(&s); /* ends q */
+    return 0;
+}
+
+static void wait_ok(pid_t p)
+{
+    int st;
+    assert_int_equal(waitpid(p, &st, 0), p);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+static void test_two_processes_share_a_prefix(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    int a2p[2], p2a[2];
+    assert_int_equal(pipe(a2p), 0);
+    assert_int_equal(pipe(p2a), 0);
+    pid_t a = fork();
+    assert_true(a >= 0);
+    if (a == 0)
+        _exit(child_a(&k, a2p[1], p2a[0]));
+    a_report_t r;
+    assert_int_equal(read(a2p[0], &r, sizeof r), (ssize_t)sizeof r);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 2);
+    pid_t b = fork();
+    assert_true(b >= 0);
+    if (b == 0)
+        _exit(child_b(&k, &r));
+    wait_ok(b);
+    assert_int_equal(write(p2a[1], "g", 1), 1);
+    wait_ok(a);
+    assert_true(itest_wait_stat(&k, "sessions", 0, 30000) >= 0);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 2);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    close(a2p[0]);
+    close(a2p[1]);
+    close(p2a[0]);
+    close(p2a[1]);
+}
+
+/* ---- 2. bad arguments --------------------------------------------------------------------- */
+
+static void expect(kv_err_t got, kv_err_t want, const kvs_t *s, const char *words)
+{
+    if (got != want || !strstr(kvs_errmsg(s), words))
+        fail_msg("got %s \"%s\", want %s with \"%s\"", kv_err_name(got), kvs_errmsg(s),
+                 kv_err_name(want), words);
+}
+
+static void test_bad_arguments(void **state)
+{
+    (void)state;
+    const kv_err_t INV = KV_ERR_INVALID_ARGUMENT, PRE = KV_ERR_FAILED_PRECONDITION;
+    kvs_t *s = NULL;
+    expect(kvs_open(NULL, &(kvs_opts_t){.endpoint = "ipc:///nowhere"}), INV, NULL, "out");
+    expect(kvs_open(&s, NULL), INV, NULL, "opts");
+    expect(kvs_open(&s, &(kvs_opts_t){0}), INV, NULL, "endpoint");
+    assert_null(s);
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    /* a wrong namespace is the daemon's error, carried through */
+    assert_int_not_equal(kvs_open(&s, &(kvs_opts_t){.endpoint = k.endpoint, .ns = "other"}),
+                         KV_ERR_OK);
+    assert_null(s);
+    assert_true(strstr(kvs_errmsg(NULL), "kvc_hello") != NULL);
+    s = shim_open(&k, "bad-args");
+    assert_non_null(s);
+    uint32_t tok[NTOK];
+    prompt(2, tok, NTOK);
+    kvs_seq_t *q = NULL;
+    size_t cached;
+    expect(kvs_seq_begin(NULL, tok, 4, &q, &cached), INV, NULL, "s is NULL");
+    expect(kvs_seq_begin(s, NULL, 4, &q, &cached), INV, s, "tokens");
+    expect(kvs_seq_begin(s, tok, 0, &q, &cached), INV, s, "n is 0");
+    expect(kvs_seq_begin(s, tok, 4, NULL, &cached), INV, s, "out");
+    expect(kvs_seq_begin(s, tok, 4, &q, NULL), INV, s, "cached");
+    assert_null(q);
+    assert_int_equal(kvs_seq_begin(s, tok, 20, &q, &cached), KV_ERR_OK);
+    assert_string_equal(kvs_errmsg(s), "");
+    expect(kvs_seq_extend(q, NULL, 3), INV, s, "tokens");
+    expect(kvs_seq_extend(q, tok, 0), INV, s, "m is 0");
+    float kv[21 * ROW] = {0};
+    expect(kvs_append(q, 0, kv, kv, KVS_F32, 1), INV, s, "the last kvs_seq_extend added 0");
+    assert_int_equal(kvs_seq_extend(q, tok, 20), KV_ERR_OK);
+    expect(kvs_append(q, LAYERS, kv, kv, KVS_F32, 20), INV, s, "layer 2");
+    expect(kvs_append(q, 0, kv, kv, (kvs_dtype_t)7, 20), INV, s, "dtype 7");
+    expect(kvs_append(q, 0, kv, kv, KVS_F32, 21), INV, s, "m = 21");
+    expect(kvs_append(q, 0, NULL, kv, KVS_F32, 20), INV, s, "k is NULL");
+    expect(kvs_append(q, 0, kv, NULL, KVS_F32, 20), INV, s, "v is NULL");
+    float qv[QH * HD] = {0}, out[QH * HD];
+    expect(kvs_attention(s, &q, 1, 0, QH, qv, 0, out), PRE, s, "kvs_append first");
+    expect(kvs_seq_commit(q), PRE, s, "layer 0");
+    assert_int_equal(fill(q, 0, 20, KVS_F32), KV_ERR_OK);
+    expect(kvs_attention(s, &q, 1, 0, 3, qv, 0, out), INV, s, "q_heads = 3");
+    expect(kvs_attention(s, &q, 1, 0, 0, qv, 0, out), INV, s, "q_heads = 0");
+    expect(kvs_attention(s, &q, 0, 0, QH, qv, 0, out), INV, s, "nseq is 0");
+    expect(kvs_attention(s, NULL, 1, 0, QH, qv, 0, out), INV, s, "seqs is NULL");
+    expect(kvs_attention(s, &q, 1, 5, QH, qv, 0, out), INV, s, "layer 5");
+    expect(kvs_attention(s, &q, 1, 0, QH, NULL, 0, out), INV, s, "q is NULL");
+    expect(kvs_attention(s, &q, 1, 0, QH, qv, 0, NULL), INV, s, "out is NULL");
+    expect(kvs_attention(s, &q, 1, 0, QH, qv, -1.0f, out), INV, s, "sm_scale");
+    kvs_seq_t *none[1] = {NULL};
+    expect(kvs_attention(s, none, 1, 0, QH, qv, 0, out), INV, s, "seqs[0] is NULL");
+    assert_int_equal(kvs_attention(s, &q, 1, 0, QH, qv, 0, out), KV_ERR_OK);
+    /* after the commit the first page is sealed: the same extend cannot be written again */
+    assert_int_equal(kvs_seq_commit(q), KV_ERR_OK);
+    expect(kvs_append(q, 0, kv, kv, KVS_F32, 20), PRE, s, "sealed");
+    /* a sequence of another kvs_t */
+    kvs_t *s2 = shim_open(&k, "bad-args-2");
+    assert_non_null(s2);
+    expect(kvs_attention(s2, &q, 1, 0, QH, qv, 0, out), INV, s2, "another kvs_t");
+    /* a layer left out: the page cannot be sealed */
+    kvs_seq_t *q2;
+    assert_int_equal(kvs_seq_begin(s2, tok + 20, 16, &q2, &cached), KV_ERR_OK);
+    assert_int_equal(kvs_seq_extend(q2, tok + 20, 16), KV_ERR_OK);
+    assert_int_equal(kvs_append(q2, 0, kv, kv, KVS_F32, 16), KV_ERR_OK);
+    expect(kvs_seq_commit(q2), PRE, s2, "layer 1 has K/V for 0 of the 16");
+    /* kvs_close ends the open sequences: no request reference is left behind */
+    kvs_close(&s2);
+    assert_null(s2);
+    kvs_close(&s);
+    assert_null(s);
+    kvs_close(&s); /* NULL-safe */
+    kvs_seq_end(NULL);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+/* ---- 3. prefix after end; a wholly cached prompt ------------------------------------------ */
+
+static void test_prefix_outlives_end_and_full_hit_leaves_a_page(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvs_t *s = shim_open(&k, "reuse");
+    assert_non_null(s);
+    uint32_t tok[NTOK], p1[2], p2[2], p3[3];
+    prompt(3, tok, NTOK);
+    float out1[OUTN], out2[OUTN];
+    kvs_seq_t *q;
+    size_t cached;
+    /* exactly two pages, computed and sealed, then ended */
+    assert_int_equal(kvs_seq_begin(s, tok, 2 * PT, &q, &cached), KV_ERR_OK);
+    assert_int_equal(cached, 0);
+    assert_int_equal(kvs_seq_extend(q, tok, 2 * PT), KV_ERR_OK);
+    assert_int_equal(fill(q, 0, 2 * PT, KVS_F32), KV_ERR_OK);
+    assert_int_equal(kvs_seq_commit(q), KV_ERR_OK);
+    assert_int_equal(kvs_seq_pages(q, p1, 2), 2);
+    assert_int_equal(attend(s, q, out1), KV_ERR_OK);
+    kvs_seq_end(&q);
+    assert_null(q);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 2);
+    /* the same prompt: wholly cached, yet the last page is left to compute */
+    uint64_t dd0 = itest_stat(&k, "seal_dedupes");
+    assert_int_equal(kvs_seq_begin(s, tok, 2 * PT, &q, &cached), KV_ERR_OK);
+    assert_int_equal(cached, PT);
+    assert_int_equal(kvs_seq_pages(q, p2, 2), 1);
+    assert_int_equal(p2[0], p1[0]);
+    assert_int_equal(kvs_seq_extend(q, tok + PT, PT), KV_ERR_OK);
+    assert_int_equal(fill(q, PT, PT, KVS_F32), KV_ERR_OK);
+    assert_int_equal(kvs_seq_pages(q, p2, 2), 2);
+    assert_int_not_equal(p2[1], p1[1]); /* a fresh page before the commit */
+    assert_int_equal(kvs_seq_commit(q), KV_ERR_OK);
+    assert_int_equal(itest_stat(&k, "seal_dedupes"), dd0 + 1);
+    assert_int_equal(kvs_seq_pages(q, p2, 2), 2);
+    assert_int_equal(p2[1], p1[1]); /* the duplicate was replaced by the cached page */
+    assert_int_equal(attend(s, q, out2), KV_ERR_OK);
+    assert_memory_equal(out1, out2, sizeof out1);
+    kvs_seq_end(&q);
+    /* one page: nothing to reuse (the last token's page is always computed) */
+    assert_int_equal(kvs_seq_begin(s, tok, PT, &q, &cached), KV_ERR_OK);
+    assert_int_equal(cached, 0);
+    assert_int_equal(kvs_seq_pages(q, NULL, 0), 0);
+    kvs_seq_end(&q);
+    /* a longer prompt hits both pages */
+    assert_int_equal(kvs_seq_begin(s, tok, 2 * PT + 1, &q, &cached), KV_ERR_OK);
+    assert_int_equal(cached, 2 * PT);
+    assert_int_equal(kvs_seq_pages(q, p3, 3), 2);
+    assert_memory_equal(p3, p1, sizeof p1);
+    kvs_close(&s);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 2);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+/* ---- 4. input types ----------------------------------------------------------------------- */
+
+static void test_f16_bf16_inputs_write_the_float_pages(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvs_t *s = shim_open(&k, "dtypes");
+    assert_non_null(s);
+    kvc_t *c = itest_connect(&k, "dtypes-read");
+    const kvs_dtype_t dts[3] = {KVS_F32, KVS_F16, KVS_BF16};
+    kvs_seq_t *q[3];
+    uint32_t pages[3][2], tok[2 * PT];
+    prompt(4, tok, 2 * PT);
+    size_t cached;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(kvs_seq_begin(s, tok, 2 * PT, &q[i], &cached), KV_ERR_OK);
+        assert_int_equal(kvs_seq_extend(q[i], tok, 2 * PT), KV_ERR_OK);
+        assert_int_equal(fill(q[i], 0, 2 * PT, dts[i]), KV_ERR_OK);
+        assert_int_equal(kvs_seq_pages(q[i], pages[i], 2), 2);
+    }
+    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    for (int i = 1; i < 3; i++)
+        for (int p = 0; p < 2; p++) {
+            const uint8_t *a = kvc_page_ptr(c, pages[0][p]), *b = kvc_page_ptr(c, pages[i][p]);
+            assert_non_null(a);
+            assert_non_null(b);
+            assert_ptr_not_equal(a, b);
+            assert_memory_equal(a, b, pb);
+        }
+    /* and the pages are not trivially equal: the data made it in */
+    const uint8_t *a = kvc_page_ptr(c, pages[0][0]);
+    size_t nz = 0;
+    for (uint64_t i = 0; i < pb; i++)
+        nz += a[i] != 0;
+    assert_true(nz > pb / 2);
+    float o[3][OUTN];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(attend(s, q[i], o[i]), KV_ERR_OK);
+    assert_memory_equal(o[0], o[1], sizeof o[0]);
+    assert_memory_equal(o[0], o[2], sizeof o[0]);
+    kvc_close(&c);
+    kvs_close(&s);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two_processes_share_a_prefix),
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_prefix_outlives_end_and_full_hit_leaves_a_page),
+        cmocka_unit_test(test_f16_bf16_inputs_write_the_float_pages),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
