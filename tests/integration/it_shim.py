@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""it_shim.py — the Python binding of libkvshim (engine-shim/python/kvshim.py) against the real
+daemon on the host backend, the same flow as it_shim.c's first test:
+
+  A (this process) starts kvd on a temporary ipc endpoint, begins a 2.5-page prompt (nothing
+  cached), appends every layer (array('f') for K, bytes of float16 for V in layer 1: the
+  binding's buffer paths), commits (2 pages sealed) and attends. B (a second process, a fresh
+  interpreter running this file with --child) begins the same prompt while A still holds its
+  sequence: 2 pages cached, its table starts with A's pages, it computes the last 8 tokens and
+  its attention output equals A's bit for bit. Errors surface as KvsError with the shim's
+  message. The daemon is stopped with SIGTERM and must exit 0; the directory is removed.
+
+usage: it_shim.py --kvd PATH --lib LIBKVSHIM --pydir DIR   (ctest passes these)
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+
+PT, LAYERS, KVH, HD, QH, NTOK = 16, 2, 2, 64, 4, 40
+
+
+def prompt():
+    return [100000 + 5000 + i * 13 for i in range(NTOK)]
+
+
+def kv_value(layer, pos, kind, h, i):
+    """Multiples of 1/16 in [-1.875, 1.875]: exact in float16, as it_shim.c's values."""
+    x = pos * 131 + layer * 31 + kind * 17 + h * 7 + i * 3
+    return ((x % 61) - 30) / 16.0
+
+
+def fill(seq, start, m):
+    """K as array('f'); V of layer 1 as bytes of float16 (the same numbers)."""
+    for layer in range(LAYERS):
+        k = array("f", (kv_value(layer, start + t, 0, h, i)
+                        for t in range(m) for h in range(KVH) for i in range(HD)))
+        vals = [kv_value(layer, start + t, 1, h, i)
+                for t in range(m) for h in range(KVH) for i in range(HD)]
+        if layer == 1:
+            v = struct.pack(f"<{len(vals)}e", *vals)
+            # k as f16 too: one call has one dtype
+            kh = struct.pack(f"<{len(k)}e", *k)
+            seq.append(layer, kh, v, dtype="f16")
+        else:
+            seq.append(layer, k, array("f", vals))
+
+
+def query():
+    return array("f", [(((h * 37 + i * 11) % 23) - 11) / 8.0
+                       for h in range(QH) for i in range(HD)])
+
+
+def attend(shim, seq):
+    out = array("f")
+    for layer in range(LAYERS):
+        out.extend(shim.attention([seq], layer, query(), q_heads=QH))
+    return out
+
+
+def child(endpoint):
+    """Process B: report what it saw as JSON on stdout."""
+    import kvshim
+    with kvshim.Shim(endpoint, name="py-B", timeout_ms=30000) as s:
+        tok = prompt()
+        seq, cached = s.begin(tok)
+        head = list(seq.pages())
+        seq.extend(tok[cached:])
+        fill(seq, cached, NTOK - cached)
+        seq.commit()
+        out = attend(s, seq)
+        print(json.dumps({"cached": cached, "head": head, "pages": list(seq.pages()),
+                          "out": out.tobytes().hex()}))
+    return 0
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def start_kvd(kvd, d):
+    endpoint = f"ipc://{d}/run/kvd.sock"
+    log = open(os.path.join(d, "kvd.log"), "wb")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # see CMakeLists.txt
+    p = subprocess.Popen([kvd, "--endpoint", endpoint, "--layers", str(LAYERS), "--kv_heads",
+                          str(KVH), "--head_dim", str(HD), "--page_tokens", str(PT),
+                          "--pages_fp8", "256", "--pages_tq3", "64", "--epoch_ms", "5"],
+                         stdout=log, stderr=log, env=env)
+    fds = os.path.join(d, "run", "kvd.sock.fds")  # created last: the daemon is ready
+    t0 = time.monotonic()
+    while not os.path.exists(fds):
+        if p.poll() is not None:
+            raise RuntimeError(f"kvd exited during startup ({p.returncode}): "
+                               + open(os.path.join(d, "kvd.log")).read())
+        if time.monotonic() - t0 > 30:
+            raise RuntimeError("kvd did not become ready within 30 s")
+        time.sleep(0.005)
+    return p, endpoint
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvd")
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--pydir", required=True)
+    ap.add_argument("--child", metavar="ENDPOINT")
+    a = ap.parse_args()
+    sys.path.insert(0, a.pydir)
+    os.environ["KVSHIM_LIB"] = a.lib
+    if a.child:
+        return child(a.child)
+    import kvshim
+
+    d = tempfile.mkdtemp(prefix="kvd-it-py-")
+    p = None
+    try:
+        p, endpoint = start_kvd(a.kvd, d)
+        try:
+            kvshim.Shim(endpoint + ".missing", timeout_ms=300)
+            check(False, "a Shim on a missing endpoint opened")
+        except kvshim.KvsError as e:
+            check(e.name in ("TIMEOUT", "UNAVAILABLE") and "kvs_open" in e.message, str(e))
+        s = kvshim.Shim(endpoint, name="py-A", timeout_ms=30000)
+        check(not s.on_device and s.geom.page_tokens == PT and s.geom.layers == LAYERS,
+              repr(s.geom))
+        tok = prompt()
+        seq, cached = s.begin(array("I", tok))
+        check(cached == 0, f"A: cached {cached}, want 0")
+        seq.extend(tok)
+        check(len(seq) == NTOK, f"len {len(seq)}")
+        try:
+            seq.append(LAYERS, array("f", bytes(4 * NTOK * KVH * HD)),
+                       array("f", bytes(4 * NTOK * KVH * HD)))
+            check(False, "append to a layer past the model's went through")
+        except kvshim.KvsError as e:
+            check(e.name == "INVALID_ARGUMENT" and "layer 2" in e.message, str(e))
+        try:
+            s.attention([seq], 0, query(), q_heads=QH)
+            check(False, "attention before append went through")
+        except kvshim.KvsError as e:
+            check(e.name == "FAILED_PRECONDITION" and "kvs_append first" in e.message, str(e))
+        fill(seq, 0, NTOK)
+        seq.commit()
+        pages = list(seq.pages())
+        check(len(pages) == 3, f"pages {pages}")
+        out_a = attend(s, seq)
+        check(len(out_a) == LAYERS * QH * HD and any(x != 0 for x in out_a), "A's output")
+        # B in another process, while A holds its sequence
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", endpoint,
+                            "--lib", a.lib, "--pydir", a.pydir], capture_output=True, text=True,
+                           timeout=300)
+        sys.stderr.write(r.stderr)
+        check(r.returncode == 0, f"child exited {r.returncode}")
+        b = json.loads(r.stdout.strip().splitlines()[-1])
+        check(b["cached"] == 2 * PT, f"B: cached {b['cached']}, want {2 * PT}")
+        check(b["head"] == pages[:2], f"B's table {b['head']} does not start with A's {pages}")
+        check(b["pages"][:2] == pages[:2] and b["pages"][2] != pages[2], f"B {b['pages']}")
+        check(bytes.fromhex(b["out"]) == out_a.tobytes(), "B's attention differs from A's")
+        seq.end()
+        seq.end()  # idempotent
+        s.close()
+        print(f"[ shim.py ] A and B (two processes): prefix of {b['cached']} tokens shared, "
+              f"attention equal bit for bit")
+    finally:
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                rc = p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = p.wait()
+            if rc != 0:
+                sys.stderr.write(open(os.path.join(d, "kvd.log")).read())
+                raise AssertionError(f"kvd exited {rc}")
+        shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
