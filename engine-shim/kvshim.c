@@ -47,13 +47,13 @@
 
 struct kvs_seq_s {
     kvs_t *s;
-    uint64_t dseq;       /* daemon-side sequence id */
-    uint32_t *pages;     /* [pcap] block table; npages used */
+    uint64_t dseq;   /* daemon-side sequence id */
+    uint32_t *pages; /* [pcap] block table; npages used */
     size_t npages, pcap;
-    uint32_t *tok;       /* [tcap] token ids; ntok used */
+    uint32_t *tok; /* [tcap] token ids; ntok used */
     size_t ntok, tcap;
-    size_t nsealed;      /* pages[0..nsealed) are sealed (looked up or committed) */
-    size_t *written;     /* [layers] tokens [0..written) have K/V in that layer */
+    size_t nsealed;         /* pages[0..nsealed) are sealed (looked up or committed) */
+    size_t *written;        /* [layers] tokens [0..written) have K/V in that layer */
     size_t ext_from, ext_m; /* tokens of the last kvs_seq_extend */
     kvs_seq_t *prev, *next;
 };
@@ -66,20 +66,20 @@ typedef struct kvs_buf_s {
 struct kvs_s {
     kvc_t *c;
     kv_geom_t geom;
-    int dev;             /* pools in device memory */
+    int dev; /* pools in device memory */
     char name[64];
     char err[KVS_ERR_BYTES];
-    kvs_seq_t *seqs;     /* open sequences, ended by kvs_close */
+    kvs_seq_t *seqs; /* open sequences, ended by kvs_close */
     /* host scratch */
-    kvs_buf_t slots;     /* uint32 slot_page[m], slot_idx[m] */
-    kvs_buf_t kv;        /* float k[m][kvh][d], v[...] converted from f16 / bf16 */
-    kvs_buf_t idx;       /* attention: indptr, page ids, lengths */
-    kvs_buf_t parts;     /* attention partials m, l, o */
+    kvs_buf_t slots; /* uint32 slot_page[m], slot_idx[m] */
+    kvs_buf_t kv;    /* float k[m][kvh][d], v[...] converted from f16 / bf16 */
+    kvs_buf_t idx;   /* attention: indptr, page ids, lengths */
+    kvs_buf_t parts; /* attention partials m, l, o */
 #ifdef KVS_HAVE_CUDA
     int sm_count;
-    kvs_buf_t d_slots;   /* device copies of the index arrays */
+    kvs_buf_t d_slots; /* device copies of the index arrays */
     kvs_buf_t d_idx;
-    kvs_buf_t d_ws;      /* kvk_cuda_attn_decode workspace */
+    kvs_buf_t d_ws; /* kvk_cuda_attn_decode workspace */
 #endif
 };
 
@@ -89,7 +89,8 @@ static _Thread_local char kvs_open_err[KVS_ERR_BYTES];
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-static kv_err_t kvs_fail(kvs_t *s, kv_err_t code, const char *fmt, ...)
+static kv_err_t
+kvs_fail(kvs_t *s, kv_err_t code, const char *fmt, ...)
 {
     char *dst = s ? s->err : kvs_open_err;
     va_list ap;
@@ -252,8 +253,9 @@ kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o)
     }
 #endif
     if (!kv_geom_valid(&s->geom)) {
-        e = kvs_fail(NULL, KV_ERR_GEOMETRY_MISMATCH, "kvs_open: the daemon's geometry is not "
-                                                     "valid for the kernels");
+        e = kvs_fail(NULL, KV_ERR_GEOMETRY_MISMATCH,
+                     "kvs_open: the daemon's geometry is not "
+                     "valid for the kernels");
         goto fail;
     }
     *out = s;
@@ -319,8 +321,7 @@ int kvs_on_device(const kvs_t *s)
 
 /* ---- sequences ---------------------------------------------------------------------------- */
 
-kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **out,
-                       size_t *cached)
+kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **out, size_t *cached)
 {
     if (!s)
         return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_seq_begin: s is NULL");
@@ -412,8 +413,7 @@ kv_err_t kvs_seq_extend(kvs_seq_t *q, const uint32_t *tokens, size_t m)
                         !tokens ? "tokens is NULL" : "m is 0");
     if (m > UINT32_MAX - q->ntok)
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
-                        "kvs_seq_extend: m = %zu takes the sequence past %u tokens", m,
-                        UINT32_MAX);
+                        "kvs_seq_extend: m = %zu takes the sequence past %u tokens", m, UINT32_MAX);
     const uint32_t pt = s->geom.page_tokens;
     const size_t len = q->ntok + m, want = (len + pt - 1) / pt;
     if (!kvs_arr_grow((void **)&q->tok, &q->tcap, len, sizeof *q->tok) ||
@@ -422,8 +422,8 @@ kv_err_t kvs_seq_extend(kvs_seq_t *q, const uint32_t *tokens, size_t m)
     /* Pages in chunks, each moved into the daemon-side sequence at once; a failure keeps the
      * pages already appended (the next extend counts them) and adds no token. */
     while (q->npages < want) {
-        uint32_t k = (uint32_t)(want - q->npages < KVS_ALLOC_CHUNK ? want - q->npages
-                                                                    : KVS_ALLOC_CHUNK);
+        uint32_t k =
+            (uint32_t)(want - q->npages < KVS_ALLOC_CHUNK ? want - q->npages : KVS_ALLOC_CHUNK);
         uint32_t *dst = q->pages + q->npages;
         kv_err_t e = kvc_alloc(s->c, KV_FMT_FP8, k, dst);
         if (e != KV_ERR_OK)
@@ -472,8 +472,10 @@ kv_err_t kvs_append(kvs_seq_t *q, uint32_t layer, const void *k, const void *v, 
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_append: layer %u (the model has %u)",
                         layer, g->layers);
     if (dt != KVS_F32 && dt != KVS_F16 && dt != KVS_BF16)
-        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_append: dtype %d is not KVS_F32, "
-                                                    "KVS_F16 or KVS_BF16", (int)dt);
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "kvs_append: dtype %d is not KVS_F32, "
+                        "KVS_F16 or KVS_BF16",
+                        (int)dt);
     if (m == 0 || m > q->ext_m)
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
                         "kvs_append: m = %zu; the last kvs_seq_extend added %zu tokens", m,
@@ -563,8 +565,8 @@ kv_err_t kvs_seq_commit(kvs_seq_t *q)
     while (q->nsealed < full) {
         size_t i = q->nsealed;
         uint32_t canon = 0;
-        kv_err_t e = kvc_seal(s->c, q->pages[i], i ? q->pages[i - 1] : KVP_NO_PAGE,
-                              q->tok + i * pt, pt, NULL, 0, &canon);
+        kv_err_t e = kvc_seal(s->c, q->pages[i], i ? q->pages[i - 1] : KVP_NO_PAGE, q->tok + i * pt,
+                              pt, NULL, 0, &canon);
         if (e != KV_ERR_OK)
             return kvs_fail_kvc(s, e, "kvs_seq_commit: kvc_seal");
         /* dedupe: the daemon moved our reference (in dseq, same position) to canon */
@@ -620,8 +622,7 @@ kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t l
     if (nseq > UINT32_MAX - 1)
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: nseq = %zu", nseq);
     if (!qv || !out)
-        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: %s is NULL",
-                        !qv ? "q" : "out");
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: %s is NULL", !qv ? "q" : "out");
     if (layer >= g->layers)
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: layer %u (the model has %u)",
                         layer, g->layers);
@@ -645,8 +646,7 @@ kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t l
         total += (q->ntok + pt - 1) / pt;
     }
     if (total > UINT32_MAX)
-        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: %zu pages in one batch",
-                        total);
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: %zu pages in one batch", total);
     /* [nseq + 1] indptr, [total] page ids, [nseq] lengths, one buffer */
     size_t idx_n = 2 * nseq + 1 + total, idx_bytes;
     if (!kvs_mul(idx_n, sizeof(uint32_t), &idx_bytes) || !kvs_buf_grow(&s->idx, idx_bytes))
@@ -664,9 +664,13 @@ kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t l
     kvc_pools(s->c, &pools);
     const kv_dir_entry_t *dir = (const kv_dir_entry_t *)kvc_directory(s->c);
     const uint32_t dir_len = kvc_dir_entries(s->c);
-    kv_attn_batch_t b = {.batch = (uint32_t)nseq, .q_heads = q_heads, .layer = layer,
+    kv_attn_batch_t b = {.batch = (uint32_t)nseq,
+                         .q_heads = q_heads,
+                         .layer = layer,
                          .sm_scale = sm_scale > 0.0f ? sm_scale : 1.0f / sqrtf((float)d),
-                         .page_indptr = indptr, .page_ids = ids, .seq_len = lens};
+                         .page_indptr = indptr,
+                         .page_ids = ids,
+                         .seq_len = lens};
     int rc;
     if (!s->dev) {
         /* one split: the CPU twin gains nothing from more, and the merge stays cheap */
@@ -683,19 +687,23 @@ kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t l
 #ifdef KVS_HAVE_CUDA
         uint32_t max_pages = 0;
         for (size_t i = 0; i < nseq; i++)
-            max_pages = indptr[i + 1] - indptr[i] > max_pages ? indptr[i + 1] - indptr[i]
-                                                              : max_pages;
-        uint32_t splits = kvk_cuda_attn_suggest_splits(b.batch, g->kv_heads, q_heads, d,
-                                                       max_pages, (uint32_t)s->sm_count);
+            max_pages =
+                indptr[i + 1] - indptr[i] > max_pages ? indptr[i + 1] - indptr[i] : max_pages;
+        uint32_t splits = kvk_cuda_attn_suggest_splits(b.batch, g->kv_heads, q_heads, d, max_pages,
+                                                       (uint32_t)s->sm_count);
         if (splits == 0)
             splits = 1;
         size_t ws = kvk_cuda_attn_workspace_bytes(b.batch, q_heads, d, splits);
         if (ws == 0)
-            return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: the workspace of %zu "
-                                                        "sequences overflows", nseq);
+            return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                            "kvs_attention: the workspace of %zu "
+                            "sequences overflows",
+                            nseq);
         if (!kvs_dbuf_grow(&s->d_idx, idx_bytes) || !kvs_dbuf_grow(&s->d_ws, ws))
-            return kvs_fail(s, KV_ERR_DEVICE, "kvs_attention: cudaMalloc failed (%zu + %zu "
-                                              "bytes)", idx_bytes, ws);
+            return kvs_fail(s, KV_ERR_DEVICE,
+                            "kvs_attention: cudaMalloc failed (%zu + %zu "
+                            "bytes)",
+                            idx_bytes, ws);
         cudaError_t ce = cudaMemcpy(s->d_idx.p, indptr, idx_bytes, cudaMemcpyHostToDevice);
         if (ce != cudaSuccess)
             return kvs_fail_cuda(s, ce, "kvs_attention: cudaMemcpy");

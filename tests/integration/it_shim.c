@@ -30,20 +30,20 @@
 #include "kvkern.h"
 #include "kvshim.h"
 
-#define PT ITEST_PT
+#define PT     ITEST_PT
 #define LAYERS 2u
-#define KVH 2u
-#define HD 64u
-#define QH 4u        /* two query heads per KV head */
-#define NTOK 40u     /* 2.5 pages */
-#define ROW (KVH * HD)
-#define OUTN (LAYERS * QH * HD)
+#define KVH    2u
+#define HD     64u
+#define QH     4u  /* two query heads per KV head */
+#define NTOK   40u /* 2.5 pages */
+#define ROW    (KVH * HD)
+#define OUTN   (LAYERS * QH * HD)
 
 /* In a child: report and exit with a code (cmocka's assertions belong to the parent). */
 #define CK(c)                                                                                      \
     do {                                                                                           \
         if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                 \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
@@ -51,8 +51,8 @@
     do {                                                                                           \
         kv_err_t e_ = (call);                                                                      \
         if (e_ != KV_ERR_OK) {                                                                     \
-            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,                     \
-                    kv_err_name(e_), kvs_errmsg(s));                                               \
+            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, kv_err_name(e_),    \
+                    kvs_errmsg(s));                                                                \
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
@@ -129,8 +129,8 @@ static kv_err_t attend(kvs_t *s, kvs_seq_t *q, float *out)
 static kvs_t *shim_open(const itest_kvd_t *k, const char *name)
 {
     kvs_t *s = NULL;
-    kv_err_t e = kvs_open(&s, &(kvs_opts_t){.endpoint = k->endpoint, .name = name,
-                                            .timeout_ms = 30000});
+    kv_err_t e =
+        kvs_open(&s, &(kvs_opts_t){.endpoint = k->endpoint, .name = name, .timeout_ms = 30000});
     if (e != KV_ERR_OK)
         fprintf(stderr, "kvs_open: %s\n", kvs_errmsg(NULL));
     return s;
@@ -156,9 +156,13 @@ static double ref_err(const itest_kvd_t *k, const uint32_t *pages, uint32_t np, 
     query(qv);
     double num = 0, den = 0, ref[QH * HD];
     for (uint32_t l = 0; l < LAYERS; l++) {
-        kv_attn_batch_t b = {.batch = 1, .q_heads = QH, .layer = l,
-                             .sm_scale = 1.0f / sqrtf((float)HD), .page_indptr = indptr,
-                             .page_ids = pages, .seq_len = &len};
+        kv_attn_batch_t b = {.batch = 1,
+                             .q_heads = QH,
+                             .layer = l,
+                             .sm_scale = 1.0f / sqrtf((float)HD),
+                             .page_indptr = indptr,
+                             .page_ids = pages,
+                             .seq_len = &len};
         if (kv_attn_reference(kvc_geom(c), &pools, (const kv_dir_entry_t *)kvc_directory(c),
                               kvc_dir_entries(c), &b, qv, ref) != KVK_OK)
             return INFINITY;
