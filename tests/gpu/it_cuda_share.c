@@ -15,10 +15,16 @@
  *            endpoint: C's next call fails with NO_SESSION and kvc_daemon_restarted(); after
  *            kvc_rehello() (unmap the old pools, import the new daemon's) C allocates, appends,
  *            seals and attends exactly as A did, through the NEW mapping
+ *   D        libkvshim (engine-shim/kvshim.h) on the device path: begins a sequence with A's first
+ *            SEQ tokens (the two full pages before the last token are a prefix hit), appends the
+ *            rest with A's K/V (f16, device buffers, the append kernel through the shim),
+ *            attends through kvs_attention
  *   checks   A's and B's outputs are bit-identical (same kernel, same pages, same inputs), and
  *            A's second run equals its first (B's lookup did not disturb the pages); C's output
- *            after the restart equals A's; outputs finite and not all zero; both daemons exit 0
- *            on SIGTERM.
+ *            after the restart equals A's; D's table starts with A's pages and its output equals
+ *            A's within 1e-5 (kvs_attention picks its own split count, so only the partition
+ *            merge order differs); outputs finite and not all zero; both daemons exit 0 on
+ *            SIGTERM.
  *
  * Not registered with ctest (CI has no GPU). Run: it_cuda_share [--kvd PATH] (or KVD_BIN=PATH);
  * with KVD_CUDA_LEGACY_IPC=1 in the environment the daemon and clients use the legacy mode;
@@ -43,6 +49,7 @@
 #include "kvc.h"
 #include "kvkern.h"
 #include "kvkern_cuda.h"
+#include "kvshim.h"
 
 #ifndef KVD_BIN_DEFAULT
 #define KVD_BIN_DEFAULT "kvd"
@@ -52,6 +59,16 @@ enum { LAYERS = 2, KVH = 4, HD = 128, PT = 16, NPAGES = 3, QH = 8, SEQ = 45, ATT
 #define NTOK (NPAGES * PT)
 
 static int g_pass, g_fail;
+
+/* a failed shim call in a child: its message, exit 5 */
+#define KCK_S(s, call)                                                                             \
+    do {                                                                                           \
+        kv_err_t e_ = (call);                                                                      \
+        if (e_ != KV_ERR_OK) {                                                                     \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, kvs_errmsg(s));           \
+            _exit(5);                                                                              \
+        }                                                                                          \
+    } while (0)
 static char g_dir[256], g_ep[320];
 
 static void check(int ok, const char *name, const char *fmt, ...)
@@ -130,6 +147,24 @@ static float val(uint64_t i, float a)
     return ((float)(x >> 40) / (float)(1u << 24) * 2.0f - 1.0f) * a;
 }
 
+/* K/V (f16) of all NTOK tokens of layer l, [NTOK][KVH][HD]; a few large outliers so scales
+ * differ across tokens. */
+static void kv_data(uint32_t l, uint16_t *k, uint16_t *v)
+{
+    for (uint32_t i = 0; i < NTOK * KVH * HD; i++) {
+        float o = (i % 97 == 0) ? 8.0f : 1.0f;
+        k[i] = kv_half_from_float(val(((uint64_t)l << 32) | i, 2.0f * o));
+        v[i] = kv_half_from_float(val(((uint64_t)(l + 16) << 32) | i, 3.0f));
+    }
+}
+
+/* The query of attention(), [QH][HD] */
+static void query(float *q)
+{
+    for (uint32_t i = 0; i < QH * HD; i++)
+        q[i] = val(0xABCDull + i, 1.0f);
+}
+
 static kvc_t *client(const char *name)
 {
     kvc_t *c = NULL;
@@ -155,8 +190,7 @@ static void attention(kvc_t *c, const uint32_t *pages, float *out)
     kvc_pools(c, &pools);
     const kv_dir_entry_t *dir = (const kv_dir_entry_t *)kvc_directory(c);
     float q[QH * HD];
-    for (uint32_t i = 0; i < QH * HD; i++)
-        q[i] = val(0xABCDull + i, 1.0f);
+    query(q);
     uint32_t indptr[2] = {0, NPAGES}, len = SEQ;
     uint32_t *d_indptr, *d_ids, *d_len;
     float *d_q, *d_out;
@@ -227,12 +261,7 @@ static void build(kvc_t *c, uint32_t *pages, float *out)
     CK(cudaMemcpy(dsp, sp, sizeof sp, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dsi, si, sizeof si, cudaMemcpyHostToDevice));
     for (uint32_t l = 0; l < LAYERS; l++) {
-        for (uint32_t i = 0; i < NTOK * KVH * HD; i++) {
-            /* a few large outliers so scales differ across tokens */
-            float o = (i % 97 == 0) ? 8.0f : 1.0f;
-            k[i] = kv_half_from_float(val(((uint64_t)l << 32) | i, 2.0f * o));
-            v[i] = kv_half_from_float(val(((uint64_t)(l + 16) << 32) | i, 3.0f));
-        }
+        kv_data(l, k, v);
         CK(cudaMemcpy(dk, k, sizeof k, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dv, v, sizeof v, cudaMemcpyHostToDevice));
         CK(kvk_cuda_fp8_append(kvc_geom(c), &pools, dir, kvc_dir_entries(c), l, NTOK, dsp, dsi, dk,
@@ -332,6 +361,62 @@ static int child_b(void)
     save("outB.bin", out, sizeof out);
     KCK(c, kvc_release(c, pages, NPAGES));
     kvc_close(&c);
+    return 0;
+}
+
+/* D: libkvshim on device pools. Results in shimD.bin: [open error, on device, cached tokens,
+ * table starts with A's pages, append errors, attention error]; output in outD.bin. */
+static int child_d(void)
+{
+    CK(cudaSetDevice(0));
+    int32_t r[6] = {-1, 0, 0, 0, 0, -1};
+    kvs_t *s = NULL;
+    const kvs_opts_t o = {.endpoint = g_ep, .name = "it-cuda-D"};
+    r[0] = (int32_t)kvs_open(&s, &o);
+    if (r[0] != KV_ERR_OK) {
+        fprintf(stderr, "[D] kvs_open: %s\n", kvs_errmsg(NULL));
+        save("shimD.bin", r, sizeof r);
+        return 0;
+    }
+    r[1] = kvs_on_device(s);
+    uint32_t tok[NTOK], ia[NPAGES] = {0}, tab[NPAGES] = {0};
+    tokens(tok);
+    load("pagesA.ids", ia, sizeof ia);
+    kvs_seq_t *q = NULL;
+    size_t cached = 0;
+    KCK_S(s, kvs_seq_begin(s, tok, SEQ, &q, &cached));
+    r[2] = (int32_t)cached;
+    KCK_S(s, kvs_seq_extend(q, tok + cached, SEQ - cached));
+    const size_t m = SEQ - cached, off = cached * KVH * HD;
+    r[3] = kvs_seq_pages(q, tab, NPAGES) == NPAGES && tab[0] == ia[0] && tab[1] == ia[1];
+    static uint16_t k[NTOK * KVH * HD], v[NTOK * KVH * HD];
+    void *dk, *dv, *dq, *dout;
+    CK(cudaMalloc(&dk, sizeof k));
+    CK(cudaMalloc(&dv, sizeof v));
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        kv_data(l, k, v);
+        CK(cudaMemcpy(dk, k + off, m * KVH * HD * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dv, v + off, m * KVH * HD * 2, cudaMemcpyHostToDevice));
+        r[4] |= kvs_append(q, l, dk, dv, KVS_F16, m) != KV_ERR_OK;
+    }
+    float qh[QH * HD], out[QH * HD];
+    query(qh);
+    CK(cudaMalloc(&dq, sizeof qh));
+    CK(cudaMalloc(&dout, sizeof out));
+    CK(cudaMemcpy(dq, qh, sizeof qh, cudaMemcpyHostToDevice));
+    r[5] = (int32_t)kvs_attention(s, &q, 1, ATTN_LAYER, QH, (const float *)dq, 0.0f,
+                                  (float *)dout);
+    if (r[5] != KV_ERR_OK)
+        fprintf(stderr, "[D] kvs_attention: %s\n", kvs_errmsg(s));
+    CK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
+    save("outD.bin", out, sizeof out);
+    save("shimD.bin", r, sizeof r);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dq);
+    cudaFree(dout);
+    kvs_seq_end(&q);
+    kvs_close(&s);
     return 0;
 }
 
@@ -460,6 +545,29 @@ int main(int argc, char **argv)
     check(s1 == s2 && s1 == sizeof oa && ndiff == 0, "A == B bit-exact", "%d of %d floats differ",
           ndiff, QH * HD);
     check(s3 == sizeof oa && memcmp(oa, oa2, sizeof oa) == 0, "A stable after B", "");
+
+    /* D: the engine shim on the device path, prefix from A's sealed pages */
+    pid_t dp = fork();
+    if (dp == 0)
+        _exit(child_d());
+    int rdd = wait_child(dp);
+    int32_t rs[6] = {-1, 0, 0, 0, 0, -1};
+    load("shimD.bin", rs, sizeof rs);
+    check(rdd == 0 && rs[0] == KV_ERR_OK && rs[1] == 1, "D opens the shim on device pools",
+          "exit %d, open %s, on device %d", rdd, kv_err_name(rs[0]), rs[1]);
+    check(rs[2] == 2 * PT && rs[3] == 1, "D hits A's prefix through the shim",
+          "cached %d tokens (want %d), table starts with A's pages: %d", rs[2], 2 * PT, rs[3]);
+    float od[QH * HD];
+    size_t s5 = load("outD.bin", od, sizeof od);
+    double num = 0.0, den = 0.0;
+    for (int i = 0; s5 == sizeof od && i < QH * HD; i++) {
+        num += ((double)od[i] - oa[i]) * ((double)od[i] - oa[i]);
+        den += (double)oa[i] * oa[i];
+    }
+    const double rel = den > 0.0 ? sqrt(num / den) : 1.0;
+    check(rs[4] == 0 && rs[5] == KV_ERR_OK && s5 == sizeof od && rel <= 1e-5,
+          "D's shim attention equals A's", "append errors %d, attention %s, rel %.2e (≤ 1e-5)",
+          rs[4], kv_err_name(rs[5]), rel);
 
     /* C: a mapped client across a daemon restart (kvc_rehello on the cuda backend) */
     int cr[2], cg[2];
