@@ -1478,28 +1478,56 @@ __device__ __forceinline__ float merge_weight(float m, float l, float M)
     return l > 0.0f && M != -INFINITY ? expf(m - M) * l : 0.0f;
 }
 
-/* One block per (query head, sequence), one thread per coordinate. (m, l) of the partitions
- * are staged in shared memory in chunks so that the Ō loads of different partitions are
- * independent and stay in flight together (a first version that walked the partitions with
- * dependent global loads cost ~0.1–0.2 ms at 128 partitions). v7: the non-empty partitions of
- * a chunk are compacted first (half of them are empty when a split holds one format) and
- * their Ō loads go out 16 at a time without a per-partition branch; skipping an empty
- * partition changes no bit (its weight is +0 and its Ō was never added). */
+/* One block per (query head, sequence), kMergeThreads threads. (m, l) of the partitions are
+ * staged in shared memory in chunks; pass 1 takes the maximum M, then each partition's weight
+ * w = exp(m − M)·l. v20: partition j of a chunk is summed by warp j % W, each lane owning
+ * d/32 consecutive coordinates (one 8-32-byte vector load per partition row), kMergeBatch
+ * partitions per warp loaded before any is added: the W warps and their batches keep
+ * W·kMergeBatch rows in flight, where v7 (one thread per coordinate, 16 partitions per
+ * round) waited for each round — B=2 d=256 has 66 partitions per head and its merge took
+ * ~10 µs of a 40 µs call. The warps' sums are added in warp order: a fixed order, so the
+ * output stays deterministic. An empty partition (l = 0) is skipped: its weight is +0 and its
+ * Ō was never written. */
 constexpr int kMergeChunk = 512;
-constexpr int kMergeUnroll = 16;
-__global__ void attn_merge_kernel(uint32_t parts, uint32_t q_heads, uint32_t d,
-                                  const float *__restrict__ pm, const float *__restrict__ pl,
-                                  const float *__restrict__ po, float *__restrict__ out)
+constexpr int kMergeThreads = 256;
+constexpr int kMergeWarps = kMergeThreads / 32;
+
+constexpr int kMergeBatch = 8;
+
+/* the lane's NE coordinates of one partition row */
+template <int NE>
+__device__ __forceinline__ void merge_load(const float *__restrict__ row, float (&v)[NE])
 {
+    if (NE == 2) {
+        const float2 x = *reinterpret_cast<const float2 *>(row);
+        v[0] = x.x, v[1] = x.y;
+    } else {
+#pragma unroll
+        for (int c = 0; c < NE / 4; c++) {
+            const float4 x = reinterpret_cast<const float4 *>(row)[c];
+            v[4 * c + 0] = x.x, v[4 * c + 1] = x.y, v[4 * c + 2] = x.z, v[4 * c + 3] = x.w;
+        }
+    }
+}
+
+template <int NE>
+__global__ void __launch_bounds__(kMergeThreads)
+    attn_merge_kernel(uint32_t parts, uint32_t q_heads, const float *__restrict__ pm,
+                      const float *__restrict__ pl, const float *__restrict__ po,
+                      float *__restrict__ out)
+{
+    constexpr uint32_t D = 32u * NE;
     __shared__ float s_l[kMergeChunk], s_w[kMergeChunk];
-    __shared__ uint32_t s_j[kMergeChunk + 1]; /* compacted list, count at [kMergeChunk] */
-    __shared__ float s_red[KV_MAX_HEAD_DIM / 32];
-    const uint32_t h = blockIdx.x, s = blockIdx.y, x = threadIdx.x;
+    __shared__ float s_red[kMergeWarps];
+    __shared__ __align__(16) float s_acc[kMergeWarps][D];
+    __shared__ float s_L[kMergeWarps];
+    const uint32_t h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
+    const uint32_t warp = tid >> 5, lane = tid & 31u;
     /* pass 1: M = max over non-empty partitions; (m, l) kept in smem when one chunk holds
-     * them all (v7: saves the second round trip to L2) */
+     * them all (saves the second round trip to L2) */
     const bool one = parts <= (uint32_t)kMergeChunk;
     float M = -INFINITY;
-    for (uint32_t j = x; j < parts; j += blockDim.x) {
+    for (uint32_t j = tid; j < parts; j += kMergeThreads) {
         const size_t i = ((size_t)s * parts + j) * q_heads + h;
         const float l = pl[i], m = pm[i];
         if (one)
@@ -1510,17 +1538,22 @@ __global__ void attn_merge_kernel(uint32_t parts, uint32_t q_heads, uint32_t d,
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    if ((x & 31u) == 0)
-        s_red[x >> 5] = M;
+    if (lane == 0)
+        s_red[warp] = M;
     __syncthreads();
     M = -INFINITY;
-    for (uint32_t w = 0; w < (blockDim.x + 31) / 32; w++)
+#pragma unroll
+    for (int w = 0; w < kMergeWarps; w++)
         M = fmaxf(M, s_red[w]);
-    float L = 0.0f, acc = 0.0f;
+    float acc[NE], L = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NE; k++)
+        acc[k] = 0.0f;
+    const size_t rows = (size_t)q_heads * D; /* floats between partition rows */
     for (uint32_t c0 = 0; c0 < parts && M != -INFINITY; c0 += kMergeChunk) {
         const uint32_t n = min((uint32_t)kMergeChunk, parts - c0);
-        __syncthreads();
-        for (uint32_t j = x; j < n; j += blockDim.x) { /* same j ↔ thread map as pass 1 */
+        __syncthreads(); /* the previous chunk's s_w / s_l are read */
+        for (uint32_t j = tid; j < n; j += kMergeThreads) { /* same j ↔ thread map as pass 1 */
             if (one) {
                 s_w[j] = merge_weight(s_w[j], s_l[j], M);
             } else {
@@ -1531,40 +1564,44 @@ __global__ void attn_merge_kernel(uint32_t parts, uint32_t q_heads, uint32_t d,
             }
         }
         __syncthreads();
-        const uint32_t lanes = min(32u, blockDim.x); /* warp 0, whole even when d < 32 */
-        if (x < lanes) { /* non-empty partitions in order (empty ones may hold anything in Ō) */
-            const uint32_t mask = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
-            uint32_t cnt = 0;
-            for (uint32_t j0 = 0; j0 < n; j0 += lanes) {
-                const bool keep = j0 + x < n && s_l[j0 + x] > 0.0f;
-                const uint32_t bal = __ballot_sync(mask, keep);
-                if (keep)
-                    s_j[cnt + __popc(bal & ((1u << x) - 1u))] = j0 + x;
-                cnt += __popc(bal);
-            }
-            if (x == 0)
-                s_j[kMergeChunk] = cnt;
-        }
-        __syncthreads();
-        const uint32_t nk = s_j[kMergeChunk];
-        for (uint32_t q0 = 0; q0 < nk; q0 += kMergeUnroll) {
-            float v[kMergeUnroll];
+        const float *base = po + (((size_t)s * parts + c0) * q_heads + h) * D + lane * NE;
+        for (uint32_t j0 = warp; j0 < n; j0 += kMergeWarps * kMergeBatch) {
+            float v[kMergeBatch][NE];
+            bool live[kMergeBatch];
 #pragma unroll
-            for (int u = 0; u < kMergeUnroll; u++) {
-                const uint32_t j = q0 + u < nk ? s_j[q0 + u] : s_j[q0];
-                v[u] = po[(((size_t)s * parts + c0 + j) * q_heads + h) * d + x];
+            for (int u = 0; u < kMergeBatch; u++) { /* loads first, warp-uniform predicates */
+                const uint32_t j = j0 + (uint32_t)u * kMergeWarps;
+                live[u] = j < n && s_l[j] > 0.0f;
+                if (live[u])
+                    merge_load<NE>(base + (size_t)j * rows, v[u]);
             }
 #pragma unroll
-            for (int u = 0; u < kMergeUnroll; u++) {
-                if (q0 + u < nk) {
-                    const float w = s_w[s_j[q0 + u]];
+            for (int u = 0; u < kMergeBatch; u++) { /* then the sums, in partition order */
+                if (live[u]) {
+                    const float w = s_w[j0 + (uint32_t)u * kMergeWarps];
                     L += w;
-                    acc = fmaf(w, v[u], acc);
+#pragma unroll
+                    for (int k = 0; k < NE; k++)
+                        acc[k] = fmaf(w, v[u][k], acc[k]);
                 }
             }
         }
     }
-    out[((size_t)s * q_heads + h) * d + x] = L > 0.0f ? acc / L : 0.0f;
+#pragma unroll
+    for (int k = 0; k < NE; k++)
+        s_acc[warp][lane * NE + k] = acc[k];
+    if (lane == 0)
+        s_L[warp] = L;
+    __syncthreads();
+    for (uint32_t x = tid; x < D; x += kMergeThreads) {
+        float a = 0.0f, LL = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kMergeWarps; w++) {
+            a += s_acc[w][x];
+            LL += s_L[w];
+        }
+        out[((size_t)s * q_heads + h) * D + x] = LL > 0.0f ? a / LL : 0.0f;
+    }
 }
 
 template <int D, int FMT> size_t partial_smem()
@@ -1695,14 +1732,23 @@ extern "C" kvk_status_t kvk_cuda_attn_merge(uint32_t batch, uint32_t parts_per_s
                                             const float *part_l, const float *part_o, float *out,
                                             cudaStream_t stream)
 {
-    if (parts_per_seq == 0 || q_heads == 0 || d == 0 || d > KV_MAX_HEAD_DIM)
+    if (parts_per_seq == 0 || q_heads == 0 || (d != 64 && d != 128 && d != 256))
         return KVK_EINVAL;
     if (batch == 0)
         return KVK_OK;
-    if (!part_m || !part_l || !part_o || !out || batch > 65535u)
+    /* Ō rows are read as 8/16-byte vectors: part_o aligned as the workspace pieces are */
+    if (!part_m || !part_l || !part_o || !out || batch > 65535u || (uintptr_t)part_o % 16u)
         return KVK_EINVAL;
-    attn_merge_kernel<<<dim3(q_heads, batch), d, 0, stream>>>(parts_per_seq, q_heads, d, part_m,
-                                                              part_l, part_o, out);
+    const dim3 grid(q_heads, batch);
+    if (d == 64)
+        attn_merge_kernel<2><<<grid, kMergeThreads, 0, stream>>>(parts_per_seq, q_heads, part_m,
+                                                                 part_l, part_o, out);
+    else if (d == 128)
+        attn_merge_kernel<4><<<grid, kMergeThreads, 0, stream>>>(parts_per_seq, q_heads, part_m,
+                                                                 part_l, part_o, out);
+    else
+        attn_merge_kernel<8><<<grid, kMergeThreads, 0, stream>>>(parts_per_seq, q_heads, part_m,
+                                                                 part_l, part_o, out);
     return cudaGetLastError() == cudaSuccess ? KVK_OK : KVK_EDEVICE;
 }
 

@@ -81,7 +81,8 @@ kvk_status_t kvk_cuda_attn_partial(const kv_geom_t *g, const kv_pools_t *pools,
                                    const kv_attn_batch_t *b, const float *q, uint32_t num_splits,
                                    float *part_m, float *part_l, float *part_o,
                                    cudaStream_t stream);
-/* Twin of kv_attn_merge. out: [batch][q_heads][d] float. */
+/* Twin of kv_attn_merge. out: [batch][q_heads][d] float; d is a head_dim (64, 128, 256) and
+ * part_o 16-byte aligned (the decode workspace is). */
 kvk_status_t kvk_cuda_attn_merge(uint32_t batch, uint32_t parts_per_seq, uint32_t q_heads,
                                  uint32_t d, const float *part_m, const float *part_l,
                                  const float *part_o, float *out, cudaStream_t stream);
