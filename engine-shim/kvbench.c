@@ -21,10 +21,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -33,6 +36,11 @@
 #include <zmq.h>
 
 #include "kvc.h"
+#include "kvkern.h"
+#include "kvshim.h"
+#ifdef KVB_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #ifndef KVD_BIN
 #define KVD_BIN "kvd"
@@ -68,11 +76,13 @@ static void die(const char *what, kvc_t *c)
 /* ---- daemon and raw server processes ----------------------------------------------------- */
 static char tmpdir[256];
 
-static pid_t start_kvd(const char *kvd, const char *ep, uint32_t prompt_pages)
+/* Start kvd (argv[0] its path, NULL-terminated) with its output in tmpdir/kvd.log and wait for
+ * its fd socket (ep's path + ".fds"), which it creates once it serves. */
+static pid_t spawn_kvd(char *const *argv, const char *ep)
 {
-    char fds[512], pages[32], logp[300];
+    const char *kvd = argv[0];
+    char fds[512], logp[300];
     snprintf(fds, sizeof fds, "%s.fds", ep + 6);
-    snprintf(pages, sizeof pages, "%u", prompt_pages + 1024);
     snprintf(logp, sizeof logp, "%s/kvd.log", tmpdir);
     pid_t pid = fork();
     if (pid == 0) {
@@ -83,9 +93,7 @@ static pid_t start_kvd(const char *kvd, const char *ep, uint32_t prompt_pages)
             dup2(fd, 2);
             close(fd);
         }
-        execl(kvd, kvd, "--endpoint", ep, "--layers", "4", "--kv_heads", "8", "--head_dim",
-              "128", "--page_tokens", "16", "--pages_fp8", pages, "--pages_tq3", "64",
-              "--log_level", "warn", (char *)NULL);
+        execv(kvd, argv);
         _exit(127);
     }
     for (int64_t t0 = now_ns(); now_ns() - t0 < 30000000000LL;) {
@@ -101,6 +109,16 @@ static pid_t start_kvd(const char *kvd, const char *ep, uint32_t prompt_pages)
     }
     fprintf(stderr, "kvbench: kvd did not start\n");
     exit(1);
+}
+
+static pid_t start_kvd(const char *kvd, const char *ep, uint32_t prompt_pages)
+{
+    char pages[32];
+    snprintf(pages, sizeof pages, "%u", prompt_pages + 1024);
+    char *const argv[] = {(char *)kvd, "--endpoint", (char *)ep, "--layers", "4", "--kv_heads",
+                          "8", "--head_dim", "128", "--page_tokens", "16", "--pages_fp8", pages,
+                          "--pages_tq3", "64", "--log_level", "warn", NULL};
+    return spawn_kvd(argv, ep);
 }
 
 static void raw_server(const char *ep)
@@ -456,11 +474,977 @@ static int bench_rpc(int argc, char **argv)
     return 0;
 }
 
+/* ---- kvbench engine ----------------------------------------------------------------------- *
+ * A multi-process engine workload on libkvshim (DESIGN.md: "kvbench, a multi-process engine
+ * workload"). W worker processes (fork; each its own kvs_t, as an engine runs one shim per
+ * worker) serve R requests each: a prompt of P shared tokens (a system prompt, the same for every
+ * request) and U tokens unique to the request, then G decode steps.
+ *
+ *   begin (prefix lookup) → extend + append K/V of the uncached prompt tokens in every layer →
+ *   commit (seal full pages) → G × { extend 1, append every layer, attention, commit } → end.
+ *
+ * K/V are synthetic and depend only on (position, token id, layer), so a page another request
+ * sealed holds exactly what this request would have written: the prefix hits are correct reuse.
+ * Values are multiples of 1/16 in [-2, 2), exact in f16, and handed to kvs_append as f16 on
+ * both backends (on device pools they are copied to device buffers first, outside the timed
+ * region, because an engine's K/V are already on the device).
+ *
+ * Timed (CLOCK_MONOTONIC, in the worker): kvs_seq_begin, every kvs_append (prefill: per call,
+ * divided by its tokens; decode: one token of one layer), kvs_attention, kvs_seq_commit and the
+ * whole decode step. Samples go into shared memory (MAP_SHARED before fork) so the parent
+ * computes per-worker and aggregate percentiles. The workers start together (a go pipe) once
+ * every one has opened its shim; the parent meanwhile polls the daemon's status every 50 ms for
+ * the FP8 / TQ3 pages in use (the lifecycle controller retiers Stale pages of live sequences to
+ * TQ3, so long sequences become mixed-format) and reads the counters at the end.
+ *
+ * Self-check: every attention output must be finite; on host pools, every decode attention of
+ * worker 0's first request is compared with the float64 reference kv_attn_reference over the same
+ * pages (read through a second libkvc mapping) — relative L2 ≤ 1e-4, since both read the same
+ * FP8/TQ3 pages and differ only in float vs double accumulation (it_shim measures ~1e-8). A page
+ * the lifecycle controller converts between the shim's read and the reference's would make the
+ * two read different bytes: the directory entries of the table are compared before and after,
+ * and the pair is redone when one changed. "ok" false → exit status 1.
+ */
+#define ENG_REF_TOL 1e-4
+#define ENG_MAX_KVD_OPTS 16
+
+typedef struct eng_opts_s {
+    const char *ep_arg, *kvd, *backend;
+    uint32_t workers, requests, prefix, suffix, decode;
+    uint32_t layers, kv_heads, head_dim, page_tokens, q_heads;
+    uint32_t pages_fp8, pages_tq3; /* 0: sized from the workload */
+    int lifecycle_ms, recent_pages, anchor_pages;  /* -1: the daemon's default */
+    int attn_all;
+    uint64_t seed;
+    const char *kvd_opts[ENG_MAX_KVD_OPTS];
+    int n_kvd_opts;
+} eng_opts_t;
+
+/* One worker's results, in the shared region (written by the worker only). */
+typedef struct eng_wres_s {
+    int done, failed;
+    char err[512];
+    int on_device;
+    uint64_t requests, prompt_tokens, cached_tokens, prefill_tokens, decode_steps;
+    int64_t first_cached; /* cached tokens of the worker's first request */
+    uint64_t cached_min, cached_max; /* over the worker's requests */
+    int64_t wall_ns;                 /* from go to the last kvs_seq_end */
+    int64_t prefill_append_ns;
+    uint64_t prefill_token_layers;
+    uint64_t attn_calls, nonfinite;
+    uint64_t ref_checks, ref_retries;
+    double ref_err_max;
+    uint32_t ref_tq3_pages_max; /* TQ3 pages in the checked table at a reference check */
+    /* sample counts */
+    uint64_t n_begin, n_app, n_attn, n_commit, n_step;
+} eng_wres_t;
+
+typedef struct eng_shared_s {
+    eng_wres_t *w;
+    int64_t *begin, *app, *attn, *commit, *step; /* [W][cap_*] */
+    uint64_t cap_begin, cap_app, cap_attn, cap_commit, cap_step;
+} eng_shared_t;
+
+static uint64_t eng_mix(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* Token i of request (w, r): the shared prefix below P, unique tokens after. */
+static uint32_t eng_token(const eng_opts_t *o, uint32_t w, uint32_t r, uint64_t i)
+{
+    if (i < o->prefix)
+        return (uint32_t)(eng_mix(o->seed * 1000003u + i) % 150000u);
+    return (uint32_t)(eng_mix(eng_mix(o->seed ^ ((uint64_t)w << 40) ^ ((uint64_t)r << 20)) + i) %
+                      150000u);
+}
+
+/* f16 K/V of m tokens (positions pos0.., ids tok[]) of one layer: k, v [m][kv_heads][head_dim].
+ * A Weyl sequence from a per-(position, token, layer) hash; values (j - 32) / 16, j in [0, 64). */
+static void eng_kv(const kv_geom_t *g, uint32_t layer, uint64_t pos0, const uint32_t *tok,
+                   size_t m, uint16_t *k, uint16_t *v, const uint16_t *halves)
+{
+    size_t row = (size_t)g->kv_heads * g->head_dim;
+    for (size_t t = 0; t < m; t++) {
+        uint64_t base = eng_mix(((pos0 + t) << 20) ^ ((uint64_t)tok[t] << 4) ^ layer);
+        for (size_t j = 0; j < row; j++) {
+            k[t * row + j] = halves[(base + j * 0x9E3779B97F4A7C15ull) >> 58];
+            v[t * row + j] = halves[(base + (j + row) * 0x9E3779B97F4A7C15ull) >> 58];
+        }
+    }
+}
+
+static void eng_query(const eng_opts_t *o, uint32_t w, uint32_t r, uint32_t step, uint32_t layer,
+                      size_t n, float *q)
+{
+    uint64_t b = eng_mix(((uint64_t)w << 48) ^ ((uint64_t)r << 32) ^ ((uint64_t)step << 8) ^ layer);
+    for (size_t i = 0; i < n; i++)
+        q[i] = (float)((int)((b + i * 0x9E3779B97F4A7C15ull) >> 59) - 16) / 16.0f;
+}
+
+#define EW_FAIL(...)                                                                               \
+    do {                                                                                           \
+        snprintf(res->err, sizeof res->err, __VA_ARGS__);                                          \
+        goto fail;                                                                                 \
+    } while (0)
+#define EW_CALL(call)                                                                              \
+    do {                                                                                           \
+        kv_err_t e_ = (call);                                                                      \
+        if (e_ != KV_ERR_OK)                                                                       \
+            EW_FAIL("%s: %s (%s)", #call, kv_err_name(e_), kvs_errmsg(s));                         \
+    } while (0)
+#ifdef KVB_HAVE_CUDA
+#define EW_CUDA(call)                                                                              \
+    do {                                                                                           \
+        cudaError_t ce_ = (call);                                                                  \
+        if (ce_ != cudaSuccess)                                                                    \
+            EW_FAIL("%s: %s", #call, cudaGetErrorString(ce_));                                     \
+    } while (0)
+#endif
+
+/* Float64 reference over the table of q (host pools, read through ref's mapping); returns the
+ * relative L2 error of out, or a negative value when the table changed under the comparison. */
+static double eng_ref_err(kvc_t *ref, kvs_seq_t *q, uint32_t layer, uint32_t qh, const float *qv,
+                          const float *out, const kv_dir_entry_t *before, uint32_t *pages,
+                          uint32_t np, uint32_t *tq3)
+{
+    const kv_geom_t *g = kvc_geom(ref);
+    kv_pools_t pools;
+    kvc_pools(ref, &pools);
+    uint32_t indptr[2] = {0, np}, len = (uint32_t)kvs_seq_len(q);
+    size_t n = (size_t)qh * g->head_dim;
+    double *r = malloc(sizeof(double) * n);
+    if (!r)
+        return INFINITY;
+    kv_attn_batch_t b = {.batch = 1,
+                         .q_heads = qh,
+                         .layer = layer,
+                         .sm_scale = 1.0f / sqrtf((float)g->head_dim),
+                         .page_indptr = indptr,
+                         .page_ids = pages,
+                         .seq_len = &len};
+    const volatile kv_dir_entry_t *dir = kvc_directory(ref);
+    int rc = kv_attn_reference(g, &pools, (const kv_dir_entry_t *)dir, kvc_dir_entries(ref), &b,
+                               qv, r);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = out[i] - r[i];
+        num += d * d;
+        den += r[i] * r[i];
+    }
+    free(r);
+    *tq3 = 0;
+    for (uint32_t i = 0; i < np; i++) {
+        if (dir[pages[i]] != before[i])
+            return -1.0;
+        *tq3 += kv_dir_fmt(before[i]) == KV_FMT_TQ3;
+    }
+    if (rc != KVK_OK)
+        return INFINITY;
+    return den > 0 ? sqrt(num / den) : (num == 0 ? 0 : INFINITY);
+}
+
+static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_shared_t *sh,
+                      int ready_fd, int go_fd)
+{
+    eng_wres_t *res = &sh->w[w];
+    int64_t *s_begin = sh->begin + w * sh->cap_begin, *s_app = sh->app + w * sh->cap_app;
+    int64_t *s_attn = sh->attn + w * sh->cap_attn, *s_commit = sh->commit + w * sh->cap_commit;
+    int64_t *s_step = sh->step + w * sh->cap_step;
+    kvs_t *s = NULL;
+    kvc_t *ref = NULL;
+    uint16_t *hk = NULL, *hv = NULL;
+    float *hq = NULL, *hout = NULL;
+    uint32_t *tok = NULL, *pages = NULL;
+    kv_dir_entry_t *before = NULL;
+    void *dk = NULL, *dv = NULL, *dq = NULL, *dout = NULL; /* device buffers (cuda pools) */
+    char name[32];
+    snprintf(name, sizeof name, "kvbench-w%u", w);
+#ifdef KVB_HAVE_CUDA
+    if (!strncmp(o->backend, "cuda", 4))
+        EW_CUDA(cudaSetDevice(0)); /* before kvs_open: libkvc imports into this context */
+#endif
+    if (kvs_open(&s, &(kvs_opts_t){.endpoint = ep, .name = name, .timeout_ms = 60000}) !=
+        KV_ERR_OK)
+        EW_FAIL("kvs_open: %s", kvs_errmsg(NULL));
+    const kv_geom_t *g = kvs_geom(s);
+    res->on_device = kvs_on_device(s);
+    uint64_t n = (uint64_t)o->prefix + o->suffix, total = n + o->decode;
+    size_t row = (size_t)g->kv_heads * g->head_dim, qn = (size_t)o->q_heads * g->head_dim;
+    uint32_t attn_layers = o->attn_all ? g->layers : 1;
+    uint32_t maxpages = (uint32_t)((total + g->page_tokens - 1) / g->page_tokens);
+    hk = malloc(sizeof(uint16_t) * n * row);
+    hv = malloc(sizeof(uint16_t) * n * row);
+    hq = malloc(sizeof(float) * qn);
+    hout = malloc(sizeof(float) * qn);
+    tok = malloc(sizeof(uint32_t) * total);
+    pages = malloc(sizeof(uint32_t) * maxpages);
+    before = malloc(sizeof(kv_dir_entry_t) * maxpages);
+    if (!hk || !hv || !hq || !hout || !tok || !pages || !before)
+        EW_FAIL("out of memory (K/V staging of %llu tokens)", (unsigned long long)n);
+    if (res->on_device) {
+#ifdef KVB_HAVE_CUDA
+        EW_CUDA(cudaMalloc(&dk, sizeof(uint16_t) * n * row));
+        EW_CUDA(cudaMalloc(&dv, sizeof(uint16_t) * n * row));
+        EW_CUDA(cudaMalloc(&dq, sizeof(float) * qn));
+        EW_CUDA(cudaMalloc(&dout, sizeof(float) * qn));
+#else
+        EW_FAIL("device pools but kvbench was built without CUDA (rebuild with -DKVD_CUDA=ON)");
+#endif
+    } else if (w == 0) {
+        if (kvc_connect(&ref, ep, 60000) != KV_ERR_OK ||
+            kvc_hello(ref, NULL, "kvbench-ref", 1) != KV_ERR_OK)
+            EW_FAIL("reference mapping: %s", ref ? kvc_errmsg(ref) : "kvc_connect failed");
+    }
+    uint16_t halves[64];
+    for (int j = 0; j < 64; j++)
+        halves[j] = kv_half_from_float((float)(j - 32) / 16.0f);
+
+    char c = 'r';
+    if (write(ready_fd, &c, 1) != 1 || read(go_fd, &c, 1) != 1)
+        EW_FAIL("start barrier: %s", strerror(errno));
+    close(ready_fd);
+    close(go_fd);
+    ready_fd = go_fd = -1;
+
+    res->cached_min = UINT64_MAX;
+    int64_t t_go = now_ns();
+    for (uint32_t r = 0; r < o->requests; r++) {
+        for (uint64_t i = 0; i < total; i++)
+            tok[i] = eng_token(o, w, r, i);
+        kvs_seq_t *q = NULL;
+        size_t cached = 0;
+        int64_t t0 = now_ns();
+        EW_CALL(kvs_seq_begin(s, tok, n, &q, &cached));
+        s_begin[res->n_begin++] = now_ns() - t0;
+        if (r == 0)
+            res->first_cached = (int64_t)cached;
+        res->cached_min = cached < res->cached_min ? cached : res->cached_min;
+        res->cached_max = cached > res->cached_max ? cached : res->cached_max;
+        res->prompt_tokens += n;
+        res->cached_tokens += cached;
+        size_t m = n - cached;
+        EW_CALL(kvs_seq_extend(q, tok + cached, m));
+        for (uint32_t l = 0; l < g->layers; l++) {
+            eng_kv(g, l, cached, tok + cached, m, hk, hv, halves);
+            const void *k = hk, *v = hv;
+#ifdef KVB_HAVE_CUDA
+            if (res->on_device) {
+                EW_CUDA(cudaMemcpy(dk, hk, sizeof(uint16_t) * m * row, cudaMemcpyHostToDevice));
+                EW_CUDA(cudaMemcpy(dv, hv, sizeof(uint16_t) * m * row, cudaMemcpyHostToDevice));
+                k = dk;
+                v = dv;
+            }
+#endif
+            t0 = now_ns();
+            EW_CALL(kvs_append(q, l, k, v, KVS_F16, m));
+            res->prefill_append_ns += now_ns() - t0;
+            res->prefill_token_layers += m;
+        }
+        res->prefill_tokens += m;
+        t0 = now_ns();
+        EW_CALL(kvs_seq_commit(q));
+        s_commit[res->n_commit++] = now_ns() - t0;
+
+        for (uint32_t st = 0; st < o->decode; st++) {
+            uint64_t pos = n + st;
+            int64_t ts = now_ns();
+            EW_CALL(kvs_seq_extend(q, tok + pos, 1));
+            for (uint32_t l = 0; l < g->layers; l++) {
+                eng_kv(g, l, pos, tok + pos, 1, hk, hv, halves);
+                const void *k = hk, *v = hv;
+#ifdef KVB_HAVE_CUDA
+                if (res->on_device) {
+                    EW_CUDA(cudaMemcpy(dk, hk, sizeof(uint16_t) * row, cudaMemcpyHostToDevice));
+                    EW_CUDA(cudaMemcpy(dv, hv, sizeof(uint16_t) * row, cudaMemcpyHostToDevice));
+                    k = dk;
+                    v = dv;
+                }
+#endif
+                t0 = now_ns();
+                EW_CALL(kvs_append(q, l, k, v, KVS_F16, 1));
+                s_app[res->n_app++] = now_ns() - t0;
+            }
+            for (uint32_t la = 0; la < attn_layers; la++) {
+                uint32_t l = o->attn_all ? la : g->layers - 1;
+                eng_query(o, w, r, st, l, qn, hq);
+                const float *qp = hq;
+                float *op = hout;
+#ifdef KVB_HAVE_CUDA
+                if (res->on_device) {
+                    EW_CUDA(cudaMemcpy(dq, hq, sizeof(float) * qn, cudaMemcpyHostToDevice));
+                    qp = dq;
+                    op = dout;
+                }
+#endif
+                int check = ref && r == 0;
+                for (int attempt = 0;; attempt++) {
+                    uint32_t np = 0;
+                    if (check) {
+                        np = (uint32_t)kvs_seq_pages(q, pages, maxpages);
+                        for (uint32_t i = 0; i < np; i++)
+                            before[i] = kvc_directory(ref)[pages[i]];
+                    }
+                    t0 = now_ns();
+                    EW_CALL(kvs_attention(s, &q, 1, l, o->q_heads, qp, 0.0f, op));
+                    if (attempt == 0) {
+                        s_attn[res->n_attn++] = now_ns() - t0;
+                        res->attn_calls++;
+                    }
+#ifdef KVB_HAVE_CUDA
+                    if (res->on_device)
+                        EW_CUDA(cudaMemcpy(hout, dout, sizeof(float) * qn,
+                                           cudaMemcpyDeviceToHost));
+#endif
+                    if (attempt == 0)
+                        for (size_t i = 0; i < qn; i++)
+                            res->nonfinite += !isfinite(hout[i]);
+                    if (!check)
+                        break;
+                    uint32_t tq3 = 0;
+                    double err = eng_ref_err(ref, q, l, o->q_heads, hq, hout, before, pages, np,
+                                             &tq3);
+                    if (err < 0 && attempt < 20) { /* a page converted in between: redo */
+                        res->ref_retries++;
+                        continue;
+                    }
+                    if (err < 0)
+                        EW_FAIL("reference check: the table kept changing (20 attempts)");
+                    res->ref_checks++;
+                    res->ref_err_max = err > res->ref_err_max ? err : res->ref_err_max;
+                    res->ref_tq3_pages_max =
+                        tq3 > res->ref_tq3_pages_max ? tq3 : res->ref_tq3_pages_max;
+                    break;
+                }
+            }
+            t0 = now_ns();
+            EW_CALL(kvs_seq_commit(q));
+            int64_t te = now_ns();
+            s_commit[res->n_commit++] = te - t0;
+            s_step[res->n_step++] = te - ts;
+            res->decode_steps++;
+        }
+        kvs_seq_end(&q);
+        res->requests++;
+        if (o->requests >= 4 && (r + 1) % (o->requests / 4) == 0)
+            fprintf(stderr, "kvbench engine: worker %u: %u/%u requests\n", w, r + 1, o->requests);
+    }
+    res->wall_ns = now_ns() - t_go;
+    res->done = 1;
+    goto out;
+fail:
+    res->failed = 1;
+    fprintf(stderr, "kvbench engine: worker %u: %s\n", w, res->err);
+    if (ready_fd >= 0) { /* the parent waits for our byte: say we are out */
+        char x = 'x';
+        if (write(ready_fd, &x, 1) != 1) {
+        }
+    }
+out:
+#ifdef KVB_HAVE_CUDA
+    if (dk)
+        cudaFree(dk);
+    if (dv)
+        cudaFree(dv);
+    if (dq)
+        cudaFree(dq);
+    if (dout)
+        cudaFree(dout);
+#else
+    (void)dk;
+    (void)dv;
+    (void)dq;
+    (void)dout;
+#endif
+    kvc_close(&ref);
+    kvs_close(&s);
+    free(hk);
+    free(hv);
+    free(hq);
+    free(hout);
+    free(tok);
+    free(pages);
+    free(before);
+    return res->failed ? 1 : 0;
+}
+
+/* ---- daemon figures ---- */
+typedef struct eng_status_s {
+    int ok;
+    char backend[16];
+    kv_geom_t geom;
+    uint64_t fp8_used, tq3_used, fp8_total, tq3_total, fp8_cached, tq3_cached;
+    uint64_t retiers, promotes, conversion_failures, seals, seal_dedupes, lookup_tokens_asked,
+        lookup_tokens_hit, evictions_pressure, alloc_exhausted, lifecycle_ticks, request_refs,
+        lifecycle_skipped_tq3_full;
+} eng_status_t;
+
+static int eng_status(kvc_t *c, eng_status_t *st)
+{
+    memset(st, 0, sizeof *st);
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__StatusReq sr = KVD__STATUS_REQ__INIT;
+    req.body_case = KVD__REQUEST__BODY_STATUS;
+    req.status = &sr;
+    Kvd__Reply *rep;
+    if (kvc_call(c, &req, &rep) != KV_ERR_OK)
+        return -1;
+    const Kvd__StatusRep *r = rep->status_rep;
+    snprintf(st->backend, sizeof st->backend, "%s", r->backend && *r->backend ? r->backend : "host");
+    if (r->geometry) {
+        st->geom.layers = r->geometry->layers;
+        st->geom.kv_heads = r->geometry->kv_heads;
+        st->geom.head_dim = r->geometry->head_dim;
+        st->geom.page_tokens = r->geometry->page_tokens;
+    }
+    uint64_t free8 = 0, free3 = 0;
+    static const struct {
+        const char *name;
+        size_t off;
+    } tab[] = {
+#define EST_(n, f) {n, offsetof(eng_status_t, f)}
+        EST_("pages_total.fp8", fp8_total),
+        EST_("pages_total.tq3", tq3_total),
+        EST_("pages_cached.fp8", fp8_cached),
+        EST_("pages_cached.tq3", tq3_cached),
+        EST_("retiers", retiers),
+        EST_("promotes", promotes),
+        EST_("conversion_failures", conversion_failures),
+        EST_("seals", seals),
+        EST_("seal_dedupes", seal_dedupes),
+        EST_("lookup_tokens_asked", lookup_tokens_asked),
+        EST_("lookup_tokens_hit", lookup_tokens_hit),
+        EST_("evictions_pressure", evictions_pressure),
+        EST_("alloc_exhausted", alloc_exhausted),
+        EST_("lifecycle_ticks", lifecycle_ticks),
+        EST_("lifecycle_skipped_tq3_full", lifecycle_skipped_tq3_full),
+        EST_("request_refs", request_refs),
+#undef EST_
+    };
+    for (size_t i = 0; i < r->n_stats; i++) {
+        const char *nm = r->stats[i]->name;
+        uint64_t v = r->stats[i]->value;
+        if (!strcmp(nm, "pages_free.fp8"))
+            free8 = v;
+        else if (!strcmp(nm, "pages_free.tq3"))
+            free3 = v;
+        for (size_t j = 0; j < sizeof tab / sizeof tab[0]; j++)
+            if (!strcmp(nm, tab[j].name))
+                *(uint64_t *)((char *)st + tab[j].off) = v;
+    }
+    st->fp8_used = st->fp8_total - free8;
+    st->tq3_used = st->tq3_total - free3;
+    st->ok = 1;
+    kvc_reply_free(&rep);
+    return 0;
+}
+
+static void eng_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvbench engine [options]\n"
+            "\n"
+            "Multi-process engine workload on libkvshim; prints one JSON object on stdout\n"
+            "(progress on stderr). W worker processes serve R requests each: prompt = P shared\n"
+            "tokens + U unique ones; prefix lookup, K/V append of the uncached tokens in every\n"
+            "layer, commit, then G decode steps (extend 1, append every layer, attention,\n"
+            "commit). Reports prefix hits, p50/p99 of begin / append / attention / commit /\n"
+            "decode step, decode tokens/s, the daemon's FP8/TQ3 pages, and a correctness check\n"
+            "(finite outputs; on host pools worker 0's first request against the float64\n"
+            "reference, rel L2 <= 1e-4). Exit status 1 when the check fails.\n"
+            "\n"
+            "  --endpoint EP        use a running daemon instead of starting one (the geometry and\n"
+            "                       daemon options below are then the daemon's)\n"
+            "  --kvd PATH           kvd binary to start on a temporary endpoint (default: the\n"
+            "                       build's)\n"
+            "  --backend B          host | cuda: backend of the daemon it starts (default host)\n"
+            "  --workers W          worker processes, one kvs_t each (default 2)\n"
+            "  --requests R         requests per worker (default 8)\n"
+            "  --prefix P           shared prompt tokens (default 256)\n"
+            "  --suffix U           unique prompt tokens per request (default 48, at least 1)\n"
+            "  --decode G           decode steps per request (default 32)\n"
+            "  --attn-all           decode attention in every layer (default: the last layer)\n"
+            "  --q-heads H          query heads (default 2 x kv-heads)\n"
+            "  --layers L --kv-heads K --head-dim D --page-tokens T\n"
+            "                       geometry of the daemon it starts (default 2, 2, 64, 16)\n"
+            "  --pages-fp8 N --pages-tq3 N\n"
+            "                       pool sizes (default: sized from the workload, no eviction)\n"
+            "  --lifecycle-ms MS    lifecycle controller period (retier Stale pages to TQ3)\n"
+            "  --recent-pages N --anchor-pages N\n"
+            "                       the lifecycle's Recent window and Anchor sinks\n"
+            "  --kvd-opt KEY=VALUE  any other directive for the daemon it starts (repeatable)\n"
+            "  --seed S             token and K/V seed (default 1)\n");
+}
+
+static int eng_u32(const char *a, uint32_t *v)
+{
+    char *end;
+    errno = 0;
+    unsigned long x = strtoul(a, &end, 10);
+    if (errno || *end || end == a || x > UINT32_MAX || a[0] == '-')
+        return -1;
+    *v = (uint32_t)x;
+    return 0;
+}
+
+/* Percentiles of the n samples at v (sorted in place); zeros when there are none. */
+static void eng_pct(int64_t *v, uint64_t n, double *p50, double *p99)
+{
+    *p50 = n ? pct_us(v, (int)n, 0.50) : 0;
+    *p99 = n ? pct_us(v, (int)n, 0.99) : 0;
+}
+
+/* Aggregate percentiles of one sample kind over every worker. */
+static void eng_pct_all(const eng_opts_t *o, const eng_shared_t *sh, const int64_t *base,
+                        uint64_t cap, size_t count_off, double *p50, double *p99)
+{
+    uint64_t tot = 0;
+    for (uint32_t w = 0; w < o->workers; w++)
+        tot += *(const uint64_t *)((const char *)&sh->w[w] + count_off);
+    int64_t *all = malloc(sizeof(int64_t) * (tot ? tot : 1));
+    if (!all)
+        die("malloc", NULL);
+    uint64_t k = 0;
+    for (uint32_t w = 0; w < o->workers; w++) {
+        uint64_t nw = *(const uint64_t *)((const char *)&sh->w[w] + count_off);
+        memcpy(all + k, base + w * cap, sizeof(int64_t) * nw);
+        k += nw;
+    }
+    eng_pct(all, tot, p50, p99);
+    free(all);
+}
+
+static int bench_engine(int argc, char **argv)
+{
+    eng_opts_t o = {.kvd = KVD_BIN,
+                    .backend = "host",
+                    .workers = 2,
+                    .requests = 8,
+                    .prefix = 256,
+                    .suffix = 48,
+                    .decode = 32,
+                    .layers = 2,
+                    .kv_heads = 2,
+                    .head_dim = 64,
+                    .page_tokens = 16,
+                    .lifecycle_ms = -1,
+                    .recent_pages = -1,
+                    .anchor_pages = -1,
+                    .seed = 1};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        static const struct {
+            const char *name;
+            size_t off;
+        } u32s[] = {
+#define EO_(n, f) {n, offsetof(eng_opts_t, f)}
+            EO_("--workers", workers),         EO_("--requests", requests),
+            EO_("--prefix", prefix),           EO_("--suffix", suffix),
+            EO_("--decode", decode),           EO_("--layers", layers),
+            EO_("--kv-heads", kv_heads),       EO_("--head-dim", head_dim),
+            EO_("--page-tokens", page_tokens), EO_("--q-heads", q_heads),
+            EO_("--pages-fp8", pages_fp8),     EO_("--pages-tq3", pages_tq3),
+#undef EO_
+        };
+        int matched = 0;
+        for (size_t j = 0; j < sizeof u32s / sizeof u32s[0]; j++)
+            if (!strcmp(a, u32s[j].name)) {
+                if (!v || eng_u32(v, (uint32_t *)((char *)&o + u32s[j].off))) {
+                    fprintf(stderr, "kvbench engine: %s needs a non-negative integer\n", a);
+                    return 2;
+                }
+                matched = 1;
+                i++;
+            }
+        if (matched)
+            continue;
+        uint32_t x;
+        if (!strcmp(a, "--attn-all"))
+            o.attn_all = 1;
+        else if (!strcmp(a, "--endpoint") && v)
+            o.ep_arg = argv[++i];
+        else if (!strcmp(a, "--kvd") && v)
+            o.kvd = argv[++i];
+        else if (!strcmp(a, "--backend") && v)
+            o.backend = argv[++i];
+        else if (!strcmp(a, "--kvd-opt") && v && strchr(v, '=') &&
+                 o.n_kvd_opts < ENG_MAX_KVD_OPTS) {
+            o.kvd_opts[o.n_kvd_opts++] = v;
+            i++;
+        } else if ((!strcmp(a, "--lifecycle-ms") || !strcmp(a, "--recent-pages") ||
+                    !strcmp(a, "--anchor-pages")) &&
+                   v && !eng_u32(v, &x) && x <= INT32_MAX) {
+            *(a[2] == 'l' ? &o.lifecycle_ms : a[2] == 'r' ? &o.recent_pages : &o.anchor_pages) =
+                (int)x;
+            i++;
+        } else if (!strcmp(a, "--seed") && v) {
+            o.seed = strtoull(argv[++i], NULL, 10);
+        } else {
+            fprintf(stderr, "kvbench engine: unknown, incomplete or bad argument '%s'\n", a);
+            eng_usage(stderr);
+            return 2;
+        }
+    }
+    if (o.workers < 1 || o.requests < 1 || o.suffix < 1 || o.workers > 1024) {
+        fprintf(stderr, "kvbench engine: need 1 <= workers <= 1024, requests >= 1, suffix >= 1\n");
+        return 2;
+    }
+    if (strcmp(o.backend, "host") && strcmp(o.backend, "cuda")) {
+        fprintf(stderr, "kvbench engine: --backend is host or cuda, not '%s'\n", o.backend);
+        return 2;
+    }
+    struct stat sock_st;
+    if (o.ep_arg && !strncmp(o.ep_arg, "ipc://", 6) && stat(o.ep_arg + 6, &sock_st) != 0) {
+        fprintf(stderr, "kvbench: no daemon at %s: no socket file %s (is kvd running?)\n",
+                o.ep_arg, o.ep_arg + 6);
+        return 1;
+    }
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvbench-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        die("mkdtemp", NULL);
+    char ep[400];
+    pid_t dpid = 0;
+    uint64_t total = (uint64_t)o.prefix + o.suffix + o.decode;
+    uint32_t pt = o.page_tokens ? o.page_tokens : 1;
+    if (!o.q_heads)
+        o.q_heads = 2 * o.kv_heads;
+    if (o.ep_arg)
+        snprintf(ep, sizeof ep, "%s", o.ep_arg);
+    else {
+        /* No eviction by default: every live table, every request's sealed unique pages and the
+         * prefix fit, with slack for the lifecycle's conversions in flight. */
+        uint64_t seq_pages = (total + pt - 1) / pt + 2;
+        uint64_t uniq = ((uint64_t)o.suffix + o.decode + pt - 1) / pt + 2;
+        uint64_t want = o.workers * seq_pages + (uint64_t)o.workers * o.requests * uniq +
+                        (o.prefix + pt - 1) / pt + 64;
+        if (!o.pages_fp8)
+            o.pages_fp8 = want > UINT32_MAX ? UINT32_MAX : (uint32_t)want;
+        if (!o.pages_tq3)
+            o.pages_tq3 = o.pages_fp8;
+        snprintf(ep, sizeof ep, "ipc://%s/run/kvd.sock", tmpdir);
+        char num[10][24];
+        snprintf(num[0], 24, "%u", o.layers);
+        snprintf(num[1], 24, "%u", o.kv_heads);
+        snprintf(num[2], 24, "%u", o.head_dim);
+        snprintf(num[3], 24, "%u", o.page_tokens);
+        snprintf(num[4], 24, "%u", o.pages_fp8);
+        snprintf(num[5], 24, "%u", o.pages_tq3);
+        snprintf(num[6], 24, "%d", o.lifecycle_ms);
+        snprintf(num[7], 24, "%d", o.recent_pages);
+        snprintf(num[8], 24, "%d", o.anchor_pages);
+        char *av[64 + 2 * ENG_MAX_KVD_OPTS];
+        char kbuf[ENG_MAX_KVD_OPTS][128];
+        int n = 0;
+#define AV_(x) av[n++] = (char *)(x)
+        AV_(o.kvd), AV_("--endpoint"), AV_(ep), AV_("--backend"), AV_(o.backend);
+        AV_("--layers"), AV_(num[0]), AV_("--kv_heads"), AV_(num[1]), AV_("--head_dim");
+        AV_(num[2]), AV_("--page_tokens"), AV_(num[3]), AV_("--pages_fp8"), AV_(num[4]);
+        AV_("--pages_tq3"), AV_(num[5]), AV_("--log_level"), AV_("warn");
+        if (o.lifecycle_ms >= 0)
+            AV_("--lifecycle_ms"), AV_(num[6]);
+        if (o.recent_pages >= 0)
+            AV_("--recent_pages"), AV_(num[7]);
+        if (o.anchor_pages >= 0)
+            AV_("--anchor_pages"), AV_(num[8]);
+        for (int j = 0; j < o.n_kvd_opts; j++) {
+            const char *eq = strchr(o.kvd_opts[j], '=');
+            snprintf(kbuf[j], sizeof kbuf[j], "--%.*s", (int)(eq - o.kvd_opts[j]), o.kvd_opts[j]);
+            AV_(kbuf[j]), AV_(eq + 1);
+        }
+        av[n] = NULL;
+#undef AV_
+        fprintf(stderr, "kvbench engine: starting %s (backend %s, %u FP8 + %u TQ3 pages)\n",
+                o.kvd, o.backend, o.pages_fp8, o.pages_tq3);
+        dpid = spawn_kvd(av, ep);
+    }
+
+    /* Geometry and backend from the daemon's status (no mapping: no CUDA in the parent, whose
+     * forked workers initialise their own), then close before forking (ZeroMQ contexts do not
+     * survive fork). */
+    kvc_t *c;
+    eng_status_t st0, st;
+    if (kvc_connect(&c, ep, 30000) != KV_ERR_OK || eng_status(c, &st0) != 0)
+        die("status", c);
+    kvc_close(&c);
+    const kv_geom_t g = st0.geom;
+    int cuda = strncmp(st0.backend, "cuda", 4) == 0;
+#ifndef KVB_HAVE_CUDA
+    if (cuda) {
+        fprintf(stderr, "kvbench engine: the daemon's backend is %s (device pools) but this "
+                        "kvbench was built without CUDA; rebuild with -DKVD_CUDA=ON\n",
+                st0.backend);
+        if (dpid > 0) {
+            kill(dpid, SIGTERM);
+            waitpid(dpid, NULL, 0);
+        }
+        return 1;
+    }
+#endif
+    if (o.q_heads % (g.kv_heads ? g.kv_heads : 1)) {
+        fprintf(stderr, "kvbench engine: --q-heads %u is not a multiple of kv_heads %u\n",
+                o.q_heads, g.kv_heads);
+        return 2;
+    }
+    o.backend = st0.backend; /* workers: cudaSetDevice before kvs_open */
+    uint32_t attn_layers = o.attn_all ? g.layers : 1;
+
+    eng_shared_t sh;
+    sh.cap_begin = o.requests;
+    sh.cap_commit = (uint64_t)o.requests * (o.decode + 1);
+    sh.cap_app = (uint64_t)o.requests * o.decode * g.layers;
+    sh.cap_attn = (uint64_t)o.requests * o.decode * attn_layers;
+    sh.cap_step = (uint64_t)o.requests * o.decode;
+    uint64_t per = sh.cap_begin + sh.cap_commit + sh.cap_app + sh.cap_attn + sh.cap_step;
+    size_t bytes = sizeof(eng_wres_t) * o.workers + sizeof(int64_t) * per * o.workers;
+    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED)
+        die("mmap (shared results)", NULL);
+    sh.w = mem;
+    int64_t *p = (int64_t *)(sh.w + o.workers);
+    sh.begin = p;
+    p += sh.cap_begin * o.workers;
+    sh.commit = p;
+    p += sh.cap_commit * o.workers;
+    sh.app = p;
+    p += sh.cap_app * o.workers;
+    sh.attn = p;
+    p += sh.cap_attn * o.workers;
+    sh.step = p;
+
+    int ready[2], go[2];
+    if (pipe(ready) || pipe(go))
+        die("pipe", NULL);
+    pid_t *pids = calloc(o.workers, sizeof *pids);
+    if (!pids)
+        die("calloc", NULL);
+    for (uint32_t w = 0; w < o.workers; w++) {
+        pids[w] = fork();
+        if (pids[w] < 0)
+            die("fork", NULL);
+        if (pids[w] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            close(ready[0]);
+            close(go[1]);
+            _exit(eng_worker(&o, ep, w, &sh, ready[1], go[0]));
+        }
+    }
+    close(ready[1]);
+    close(go[0]);
+    uint32_t nready = 0, nfailed = 0;
+    for (char b; nready + nfailed < o.workers && read(ready[0], &b, 1) == 1;)
+        b == 'r' ? nready++ : nfailed++;
+    fprintf(stderr, "kvbench engine: %u workers ready (%u failed to start); go\n", nready,
+            o.workers - nready);
+    if (kvc_connect(&c, ep, 30000) != KV_ERR_OK)
+        die("connect (status poll)", NULL);
+    int64_t t0 = now_ns();
+    for (uint32_t w = 0; w < o.workers; w++) {
+        char b = 'g';
+        if (write(go[1], &b, 1) != 1) {
+        }
+    }
+    close(go[1]);
+    close(ready[0]);
+    /* Poll the daemon while the workers run: the highest FP8 / TQ3 pages in use. */
+    uint64_t fp8_max = 0, tq3_max = 0, polls = 0;
+    int left = (int)o.workers, bad_exit = 0;
+    while (left > 0) {
+        if (eng_status(c, &st) == 0) {
+            polls++;
+            fp8_max = st.fp8_used > fp8_max ? st.fp8_used : fp8_max;
+            tq3_max = st.tq3_used > tq3_max ? st.tq3_used : tq3_max;
+        }
+        for (int64_t tw = now_ns(); left > 0 && now_ns() - tw < 50000000;) {
+            int ws;
+            pid_t d = waitpid(-1, &ws, WNOHANG);
+            if (d > 0 && d != dpid) {
+                left--;
+                bad_exit += !WIFEXITED(ws) || WEXITSTATUS(ws) != 0;
+            } else if (d > 0 && d == dpid) {
+                fprintf(stderr, "kvbench engine: the daemon exited during the run\n");
+                dpid = 0;
+                bad_exit++;
+            } else
+                usleep(1000);
+        }
+    }
+    double wall_s = (double)(now_ns() - t0) / 1e9;
+    /* the workers' sessions are gone: their references should drop to 0 (the daemon closes a
+     * session on goodbye / process exit; poll briefly) */
+    for (int64_t tw = now_ns(); now_ns() - tw < 5000000000LL; usleep(5000))
+        if (eng_status(c, &st) != 0 || st.request_refs == 0)
+            break;
+    if (!st.ok)
+        memset(&st, 0, sizeof st);
+    kvc_close(&c);
+
+    /* ---- aggregate ---- */
+    uint64_t reqs = 0, prompt = 0, cachedt = 0, prefill = 0, steps = 0, attn_calls = 0;
+    uint64_t nonfinite = 0, ref_checks = 0, ref_retries = 0, failed = 0, ptl = 0;
+    int64_t pans = 0;
+    double ref_err = 0;
+    uint32_t ref_tq3 = 0;
+    int on_device = 0;
+    for (uint32_t w = 0; w < o.workers; w++) {
+        const eng_wres_t *r = &sh.w[w];
+        reqs += r->requests;
+        prompt += r->prompt_tokens;
+        cachedt += r->cached_tokens;
+        prefill += r->prefill_tokens;
+        steps += r->decode_steps;
+        attn_calls += r->attn_calls;
+        nonfinite += r->nonfinite;
+        ref_checks += r->ref_checks;
+        ref_retries += r->ref_retries;
+        failed += r->failed || !r->done;
+        pans += r->prefill_append_ns;
+        ptl += r->prefill_token_layers;
+        ref_err = r->ref_err_max > ref_err ? r->ref_err_max : ref_err;
+        ref_tq3 = r->ref_tq3_pages_max > ref_tq3 ? r->ref_tq3_pages_max : ref_tq3;
+        on_device |= r->on_device;
+    }
+    uint64_t pfull = o.prefix / (g.page_tokens ? g.page_tokens : 1) * g.page_tokens;
+    /* the lookup covers only whole pages before the last prompt token (U >= 1: all of P's) */
+    uint64_t exp_min = (uint64_t)(o.workers * o.requests - o.workers) * pfull;
+    uint64_t exp_max = (uint64_t)o.workers * o.requests * pfull;
+    int ref_ok = on_device ? 1 : (ref_checks > 0 && ref_err <= ENG_REF_TOL);
+    if (o.decode == 0)
+        ref_ok = 1; /* no decode attention to check */
+    int ok = failed == 0 && bad_exit == 0 && nonfinite == 0 && ref_ok &&
+             reqs == (uint64_t)o.workers * o.requests;
+
+    double b50, b99, a50, a99, t50, t99, c50, c99, s50, s99;
+    eng_pct_all(&o, &sh, sh.begin, sh.cap_begin, offsetof(eng_wres_t, n_begin), &b50, &b99);
+    eng_pct_all(&o, &sh, sh.app, sh.cap_app, offsetof(eng_wres_t, n_app), &a50, &a99);
+    eng_pct_all(&o, &sh, sh.attn, sh.cap_attn, offsetof(eng_wres_t, n_attn), &t50, &t99);
+    eng_pct_all(&o, &sh, sh.commit, sh.cap_commit, offsetof(eng_wres_t, n_commit), &c50, &c99);
+    eng_pct_all(&o, &sh, sh.step, sh.cap_step, offsetof(eng_wres_t, n_step), &s50, &s99);
+
+    printf("{\n  \"bench\": \"engine\",\n  \"ok\": %s,\n  \"backend\": \"%s\",\n",
+           ok ? "true" : "false", st0.backend);
+    printf("  \"geometry\": {\"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"page_tokens\": "
+           "%u, \"q_heads\": %u},\n",
+           g.layers, g.kv_heads, g.head_dim, g.page_tokens, o.q_heads);
+    printf("  \"params\": {\"workers\": %u, \"requests\": %u, \"prefix\": %u, \"suffix\": %u, "
+           "\"decode\": %u, \"attn_layers\": %u, \"own_daemon\": %s, \"pages_fp8\": %u, "
+           "\"pages_tq3\": %u, \"lifecycle_ms\": %d, \"recent_pages\": %d, \"anchor_pages\": %d, "
+           "\"seed\": %llu},\n",
+           o.workers, o.requests, o.prefix, o.suffix, o.decode, attn_layers,
+           o.ep_arg ? "false" : "true", o.pages_fp8, o.pages_tq3, o.lifecycle_ms, o.recent_pages,
+           o.anchor_pages, (unsigned long long)o.seed);
+    printf("  \"requests\": %llu,\n  \"prompt_tokens\": %llu,\n  \"cached_tokens\": %llu,\n"
+           "  \"cached_expected_min\": %llu,\n  \"cached_expected_max\": %llu,\n"
+           "  \"prefix_hit_ratio\": %.4f,\n  \"prefill_tokens\": %llu,\n  \"decode_steps\": %llu,\n",
+           (unsigned long long)reqs, (unsigned long long)prompt, (unsigned long long)cachedt,
+           (unsigned long long)exp_min, (unsigned long long)exp_max,
+           prompt ? (double)cachedt / (double)prompt : 0.0, (unsigned long long)prefill,
+           (unsigned long long)steps);
+    printf("  \"wall_s\": %.3f,\n  \"decode_tokens_per_s\": %.1f,\n  \"requests_per_s\": %.2f,\n",
+           wall_s, (double)steps / wall_s, (double)reqs / wall_s);
+    printf("  \"latency_us\": {\"begin\": {\"p50\": %.2f, \"p99\": %.2f}, "
+           "\"append_token_layer\": {\"p50\": %.2f, \"p99\": %.2f}, "
+           "\"prefill_append_per_token_layer_mean\": %.3f, "
+           "\"attention\": {\"p50\": %.2f, \"p99\": %.2f}, "
+           "\"commit\": {\"p50\": %.2f, \"p99\": %.2f}, "
+           "\"decode_step\": {\"p50\": %.2f, \"p99\": %.2f}},\n",
+           b50, b99, a50, a99, ptl ? (double)pans / 1000.0 / (double)ptl : 0.0, t50, t99, c50,
+           c99, s50, s99);
+    printf("  \"check\": {\"reference\": \"%s\", \"tol_rel_l2\": %g, \"checks\": %llu, "
+           "\"retries\": %llu, \"rel_err_max\": %.3g, \"tq3_pages_in_checked_table_max\": %u, "
+           "\"attention_calls\": %llu, \"nonfinite\": %llu, \"workers_failed\": %llu},\n",
+           on_device ? "skipped (device pools; outputs checked finite)" : "float64 kv_attn_reference",
+           ENG_REF_TOL, (unsigned long long)ref_checks, (unsigned long long)ref_retries, ref_err,
+           ref_tq3, (unsigned long long)attn_calls, (unsigned long long)nonfinite,
+           (unsigned long long)failed);
+    printf("  \"daemon\": {\"polls\": %llu, \"fp8_pages_used_max\": %llu, \"tq3_pages_used_max\": "
+           "%llu, \"fp8_pages_used_end\": %llu, \"tq3_pages_used_end\": %llu, "
+           "\"fp8_pages_cached_end\": %llu, \"tq3_pages_cached_end\": %llu, \"retiers\": %llu, "
+           "\"promotes\": %llu, \"conversion_failures\": %llu, \"lifecycle_ticks\": %llu, "
+           "\"lifecycle_skipped_tq3_full\": %llu, \"seals\": %llu, \"seal_dedupes\": %llu, "
+           "\"lookup_tokens_asked\": %llu, \"lookup_tokens_hit\": %llu, "
+           "\"evictions_pressure\": %llu, \"alloc_exhausted\": %llu, \"request_refs_end\": "
+           "%llu},\n",
+           (unsigned long long)polls, (unsigned long long)fp8_max, (unsigned long long)tq3_max,
+           (unsigned long long)st.fp8_used, (unsigned long long)st.tq3_used,
+           (unsigned long long)st.fp8_cached, (unsigned long long)st.tq3_cached,
+           (unsigned long long)st.retiers, (unsigned long long)st.promotes,
+           (unsigned long long)st.conversion_failures, (unsigned long long)st.lifecycle_ticks,
+           (unsigned long long)st.lifecycle_skipped_tq3_full, (unsigned long long)st.seals,
+           (unsigned long long)st.seal_dedupes, (unsigned long long)st.lookup_tokens_asked,
+           (unsigned long long)st.lookup_tokens_hit, (unsigned long long)st.evictions_pressure,
+           (unsigned long long)st.alloc_exhausted, (unsigned long long)st.request_refs);
+    printf("  \"workers\": [");
+    for (uint32_t w = 0; w < o.workers; w++) {
+        eng_wres_t *r = &sh.w[w];
+        double wb50, wb99, wa50, wa99, wt50, wt99;
+        eng_pct(sh.begin + w * sh.cap_begin, r->n_begin, &wb50, &wb99);
+        eng_pct(sh.app + w * sh.cap_app, r->n_app, &wa50, &wa99);
+        eng_pct(sh.attn + w * sh.cap_attn, r->n_attn, &wt50, &wt99);
+        double ws = (double)r->wall_ns / 1e9;
+        printf("%s\n    {\"worker\": %u, \"ok\": %s, \"requests\": %llu, \"prompt_tokens\": %llu, "
+               "\"cached_tokens\": %llu, \"first_cached\": %lld, \"cached_min\": %llu, "
+               "\"cached_max\": %llu, \"prefill_tokens\": %llu, \"decode_steps\": %llu, "
+               "\"wall_s\": %.3f, \"decode_tokens_per_s\": %.1f, \"begin_us\": {\"p50\": %.2f, "
+               "\"p99\": %.2f}, \"append_us\": {\"p50\": %.2f, \"p99\": %.2f}, "
+               "\"attention_us\": {\"p50\": %.2f, \"p99\": %.2f}, \"error\": \"",
+               w ? "," : "", w, r->done && !r->failed ? "true" : "false",
+               (unsigned long long)r->requests, (unsigned long long)r->prompt_tokens,
+               (unsigned long long)r->cached_tokens, (long long)r->first_cached,
+               (unsigned long long)(r->requests ? r->cached_min : 0),
+               (unsigned long long)r->cached_max, (unsigned long long)r->prefill_tokens,
+               (unsigned long long)r->decode_steps, ws, ws > 0 ? (double)r->decode_steps / ws : 0,
+               wb50, wb99, wa50, wa99, wt50, wt99);
+        for (const char *e = r->err; *e && e < r->err + sizeof r->err; e++)
+            if (*e == '"' || *e == '\\')
+                printf("\\%c", *e);
+            else if ((unsigned char)*e >= 0x20)
+                putchar(*e);
+        printf("\"}");
+    }
+    printf("\n  ]\n}\n");
+    fflush(stdout);
+    fprintf(stderr,
+            "kvbench engine: %s: %llu requests, cached %llu of %llu prompt tokens, %llu decode "
+            "steps in %.2f s (%.0f tokens/s), attention p50 %.1f us, ref err %.3g\n",
+            ok ? "ok" : "FAILED", (unsigned long long)reqs, (unsigned long long)cachedt,
+            (unsigned long long)prompt, (unsigned long long)steps, wall_s, (double)steps / wall_s,
+            t50, ref_err);
+
+    munmap(mem, bytes);
+    free(pids);
+    if (dpid > 0) {
+        kill(dpid, SIGTERM);
+        int ds;
+        waitpid(dpid, &ds, 0);
+        if (!WIFEXITED(ds) || WEXITSTATUS(ds) != 0) {
+            fprintf(stderr, "kvbench engine: the daemon did not exit cleanly (log %s/kvd.log)\n",
+                    tmpdir);
+            return 1; /* keep the log */
+        }
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd)) {
+    }
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         usage(stdout);
         return 0;
+    }
+    if (argc >= 2 && !strcmp(argv[1], "engine")) {
+        for (int i = 2; i < argc; i++)
+            if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+                eng_usage(stdout);
+                return 0;
+            }
+        return bench_engine(argc - 2, argv + 2);
     }
     if (argc >= 2 && !strcmp(argv[1], "rpc")) {
         for (int i = 2; i < argc; i++)
