@@ -1,4 +1,6 @@
-/* kvbench.c — `kvbench rpc`: the control-plane benchmark of issue 3, printed as one JSON object.
+/* kvbench.c — `kvbench rpc`: the control-plane benchmark of issue 3, printed as one JSON object;
+ * `kvbench engine`: a multi-process engine workload on libkvshim (its design block is at
+ * bench_engine's section below; docs/engine-shim.md, "kvbench engine").
  *
  *   kvbench rpc [--endpoint EP] [--kvd PATH] [--iters N] [--prompt-tokens T]
  *
@@ -288,6 +290,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: kvbench rpc [--endpoint EP] [--kvd PATH] [--iters N] [--prompt-tokens T]\n"
+            "       kvbench engine [options]   (engine workload on libkvshim: kvbench engine "
+            "--help)\n"
             "\n"
             "Control-plane benchmark of kvd; prints one JSON object on stdout: raw ZeroMQ\n"
             "ping-pong, alloc and lookup round trips (p50/p99 and the ratio to raw), pipelined\n"
@@ -967,7 +971,7 @@ static void eng_usage(FILE *f)
             "  --suffix U           unique prompt tokens per request (default 48, at least 1)\n"
             "  --decode G           decode steps per request (default 32)\n"
             "  --attn-all           decode attention in every layer (default: the last layer)\n"
-            "  --q-heads H          query heads (default 2 x kv-heads)\n"
+            "  --q-heads H          query heads, a multiple of kv_heads (default 2 x kv_heads)\n"
             "  --layers L --kv-heads K --head-dim D --page-tokens T\n"
             "                       geometry of the daemon it starts (default 2, 2, 64, 16)\n"
             "  --pages-fp8 N --pages-tq3 N\n"
@@ -1109,8 +1113,6 @@ static int bench_engine(int argc, char **argv)
     pid_t dpid = 0;
     uint64_t total = (uint64_t)o.prefix + o.suffix + o.decode;
     uint32_t pt = o.page_tokens ? o.page_tokens : 1;
-    if (!o.q_heads)
-        o.q_heads = 2 * o.kv_heads;
     if (o.ep_arg)
         snprintf(ep, sizeof ep, "%s", o.ep_arg);
     else {
@@ -1183,11 +1185,19 @@ static int bench_engine(int argc, char **argv)
         return 1;
     }
 #endif
-    if (o.q_heads % (g.kv_heads ? g.kv_heads : 1)) {
+    if (!o.q_heads) /* the default: two query heads per KV head of the daemon's geometry */
+        o.q_heads = 2 * g.kv_heads;
+    if (!g.kv_heads || o.q_heads % g.kv_heads) {
         fprintf(stderr, "kvbench engine: --q-heads %u is not a multiple of kv_heads %u\n",
                 o.q_heads, g.kv_heads);
+        if (dpid > 0) {
+            kill(dpid, SIGTERM);
+            waitpid(dpid, NULL, 0);
+        }
         return 2;
     }
+    o.pages_fp8 = (uint32_t)st0.fp8_total; /* what the daemon has, started here or not */
+    o.pages_tq3 = (uint32_t)st0.tq3_total;
     o.backend = st0.backend; /* workers: cudaSetDevice before kvs_open */
     uint32_t attn_layers = o.attn_all ? g.layers : 1;
 
@@ -1308,7 +1318,7 @@ static int bench_engine(int argc, char **argv)
     }
     uint64_t pfull = o.prefix / (g.page_tokens ? g.page_tokens : 1) * g.page_tokens;
     /* the lookup covers only whole pages before the last prompt token (U >= 1: all of P's) */
-    uint64_t exp_min = (uint64_t)(o.workers * o.requests - o.workers) * pfull;
+    uint64_t exp_min = ((uint64_t)o.workers * o.requests - o.workers) * pfull;
     uint64_t exp_max = (uint64_t)o.workers * o.requests * pfull;
     int ref_ok = on_device ? 1 : (ref_checks > 0 && ref_err <= ENG_REF_TOL);
     if (o.decode == 0)
