@@ -1172,9 +1172,8 @@ static int bench_engine(int argc, char **argv)
         die("status", c);
     kvc_close(&c);
     const kv_geom_t g = st0.geom;
-    int cuda = strncmp(st0.backend, "cuda", 4) == 0;
 #ifndef KVB_HAVE_CUDA
-    if (cuda) {
+    if (!strncmp(st0.backend, "cuda", 4)) {
         fprintf(stderr, "kvbench engine: the daemon's backend is %s (device pools) but this "
                         "kvbench was built without CUDA; rebuild with -DKVD_CUDA=ON\n",
                 st0.backend);
