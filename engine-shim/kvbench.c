@@ -117,9 +117,10 @@ static pid_t start_kvd(const char *kvd, const char *ep, uint32_t prompt_pages)
 {
     char pages[32];
     snprintf(pages, sizeof pages, "%u", prompt_pages + 1024);
-    char *const argv[] = {(char *)kvd, "--endpoint", (char *)ep, "--layers", "4", "--kv_heads",
-                          "8", "--head_dim", "128", "--page_tokens", "16", "--pages_fp8", pages,
-                          "--pages_tq3", "64", "--log_level", "warn", NULL};
+    char *const argv[] = {
+        (char *)kvd, "--endpoint",  (char *)ep, "--layers",      "4",    "--kv_heads",
+        "8",         "--head_dim",  "128",      "--page_tokens", "16",   "--pages_fp8",
+        pages,       "--pages_tq3", "64",       "--log_level",   "warn", NULL};
     return spawn_kvd(argv, ep);
 }
 
@@ -280,8 +281,7 @@ static void seal_prompt(kvc_t *c, const uint32_t *tok, uint32_t npages)
         done += chunk;
     }
     for (uint32_t done = 0; done < npages; done += 1024)
-        if (kvc_release(c, held + done, npages - done < 1024 ? npages - done : 1024) !=
-            KV_ERR_OK)
+        if (kvc_release(c, held + done, npages - done < 1024 ? npages - done : 1024) != KV_ERR_OK)
             die("release (prompt)", c);
     free(held);
 }
@@ -328,8 +328,8 @@ static int bench_rpc(int argc, char **argv)
         iters = 100;
     struct stat sock_st; /* ZeroMQ would wait for a missing daemon: say so at once (as kvctl) */
     if (ep_arg && !strncmp(ep_arg, "ipc://", 6) && stat(ep_arg + 6, &sock_st) != 0) {
-        fprintf(stderr, "kvbench: no daemon at %s: no socket file %s (is kvd running?)\n",
-                ep_arg, ep_arg + 6);
+        fprintf(stderr, "kvbench: no daemon at %s: no socket file %s (is kvd running?)\n", ep_arg,
+                ep_arg + 6);
         return 1;
     }
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kvbench-XXXXXX");
@@ -462,8 +462,8 @@ static int bench_rpc(int argc, char **argv)
            nrc, rc_sum / nrc, rc_max);
     printf("  \"goals\": {\"overhead_le_1_5\": %s, \"lookup_32k_le_1ms\": %s, "
            "\"reclaim_le_100ms\": %s}\n}\n",
-           alloc_p50 / raw_p50 <= 1.5 ? "true" : "false",
-           long_p50 <= 1000.0 ? "true" : "false", rc_max >= 0 && rc_max <= 100 ? "true" : "false");
+           alloc_p50 / raw_p50 <= 1.5 ? "true" : "false", long_p50 <= 1000.0 ? "true" : "false",
+           rc_max >= 0 && rc_max <= 100 ? "true" : "false");
     free(tok);
     free(got);
     free(lat);
@@ -509,15 +509,15 @@ static int bench_rpc(int argc, char **argv)
  * two read different bytes: the directory entries of the table are compared before and after,
  * and the pair is redone when one changed. "ok" false → exit status 1.
  */
-#define ENG_REF_TOL 1e-4
+#define ENG_REF_TOL      1e-4
 #define ENG_MAX_KVD_OPTS 16
 
 typedef struct eng_opts_s {
     const char *ep_arg, *kvd, *backend;
     uint32_t workers, requests, prefix, suffix, decode;
     uint32_t layers, kv_heads, head_dim, page_tokens, q_heads;
-    uint32_t pages_fp8, pages_tq3; /* 0: sized from the workload */
-    int lifecycle_ms, recent_pages, anchor_pages;  /* -1: the daemon's default */
+    uint32_t pages_fp8, pages_tq3;                /* 0: sized from the workload */
+    int lifecycle_ms, recent_pages, anchor_pages; /* -1: the daemon's default */
     int attn_all;
     uint64_t seed;
     const char *kvd_opts[ENG_MAX_KVD_OPTS];
@@ -530,7 +530,7 @@ typedef struct eng_wres_s {
     char err[512];
     int on_device;
     uint64_t requests, prompt_tokens, cached_tokens, prefill_tokens, decode_steps;
-    int64_t first_cached; /* cached tokens of the worker's first request */
+    int64_t first_cached;            /* cached tokens of the worker's first request */
     uint64_t cached_min, cached_max; /* over the worker's requests */
     int64_t wall_ns;                 /* from go to the last kvs_seq_end */
     int64_t prefill_append_ns;
@@ -568,8 +568,8 @@ static uint32_t eng_token(const eng_opts_t *o, uint32_t w, uint32_t r, uint64_t 
 
 /* f16 K/V of m tokens (positions pos0.., ids tok[]) of one layer: k, v [m][kv_heads][head_dim].
  * A Weyl sequence from a per-(position, token, layer) hash; values (j - 32) / 16, j in [0, 64). */
-static void eng_kv(const kv_geom_t *g, uint32_t layer, uint64_t pos0, const uint32_t *tok,
-                   size_t m, uint16_t *k, uint16_t *v, const uint16_t *halves)
+static void eng_kv(const kv_geom_t *g, uint32_t layer, uint64_t pos0, const uint32_t *tok, size_t m,
+                   uint16_t *k, uint16_t *v, const uint16_t *halves)
 {
     size_t row = (size_t)g->kv_heads * g->head_dim;
     for (size_t t = 0; t < m; t++) {
@@ -631,8 +631,8 @@ static double eng_ref_err(kvc_t *ref, kvs_seq_t *q, uint32_t layer, uint32_t qh,
                          .page_ids = pages,
                          .seq_len = &len};
     const volatile kv_dir_entry_t *dir = kvc_directory(ref);
-    int rc = kv_attn_reference(g, &pools, (const kv_dir_entry_t *)dir, kvc_dir_entries(ref), &b,
-                               qv, r);
+    int rc =
+        kv_attn_reference(g, &pools, (const kv_dir_entry_t *)dir, kvc_dir_entries(ref), &b, qv, r);
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
         double d = out[i] - r[i];
@@ -671,8 +671,7 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
     if (!strncmp(o->backend, "cuda", 4))
         EW_CUDA(cudaSetDevice(0)); /* before kvs_open: libkvc imports into this context */
 #endif
-    if (kvs_open(&s, &(kvs_opts_t){.endpoint = ep, .name = name, .timeout_ms = 60000}) !=
-        KV_ERR_OK)
+    if (kvs_open(&s, &(kvs_opts_t){.endpoint = ep, .name = name, .timeout_ms = 60000}) != KV_ERR_OK)
         EW_FAIL("kvs_open: %s", kvs_errmsg(NULL));
     const kv_geom_t *g = kvs_geom(s);
     res->on_device = kvs_on_device(s);
@@ -800,8 +799,7 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
                     }
 #ifdef KVB_HAVE_CUDA
                     if (res->on_device)
-                        EW_CUDA(cudaMemcpy(hout, dout, sizeof(float) * qn,
-                                           cudaMemcpyDeviceToHost));
+                        EW_CUDA(cudaMemcpy(hout, dout, sizeof(float) * qn, cudaMemcpyDeviceToHost));
 #endif
                     if (attempt == 0)
                         for (size_t i = 0; i < qn; i++)
@@ -809,8 +807,8 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
                     if (!check)
                         break;
                     uint32_t tq3 = 0;
-                    double err = eng_ref_err(ref, q, l, o->q_heads, hq, hout, before, pages, np,
-                                             &tq3);
+                    double err =
+                        eng_ref_err(ref, q, l, o->q_heads, hq, hout, before, pages, np, &tq3);
                     if (err < 0 && attempt < 20) { /* a page converted in between: redo */
                         res->ref_retries++;
                         continue;
@@ -897,7 +895,8 @@ static int eng_status(kvc_t *c, eng_status_t *st)
     if (kvc_call(c, &req, &rep) != KV_ERR_OK)
         return -1;
     const Kvd__StatusRep *r = rep->status_rep;
-    snprintf(st->backend, sizeof st->backend, "%s", r->backend && *r->backend ? r->backend : "host");
+    snprintf(st->backend, sizeof st->backend, "%s",
+             r->backend && *r->backend ? r->backend : "host");
     if (r->geometry) {
         st->geom.layers = r->geometry->layers;
         st->geom.kv_heads = r->geometry->kv_heads;
@@ -948,39 +947,39 @@ static int eng_status(kvc_t *c, eng_status_t *st)
 
 static void eng_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvbench engine [options]\n"
-            "\n"
-            "Multi-process engine workload on libkvshim; prints one JSON object on stdout\n"
-            "(progress on stderr). W worker processes serve R requests each: prompt = P shared\n"
-            "tokens + U unique ones; prefix lookup, K/V append of the uncached tokens in every\n"
-            "layer, commit, then G decode steps (extend 1, append every layer, attention,\n"
-            "commit). Reports prefix hits, p50/p99 of begin / append / attention / commit /\n"
-            "decode step, decode tokens/s, the daemon's FP8/TQ3 pages, and a correctness check\n"
-            "(finite outputs; on host pools worker 0's first request against the float64\n"
-            "reference, rel L2 <= 1e-4). Exit status 1 when the check fails.\n"
-            "\n"
-            "  --endpoint EP        use a running daemon instead of starting one (the geometry and\n"
-            "                       daemon options below are then the daemon's)\n"
-            "  --kvd PATH           kvd binary to start on a temporary endpoint (default: the\n"
-            "                       build's)\n"
-            "  --backend B          host | cuda: backend of the daemon it starts (default host)\n"
-            "  --workers W          worker processes, one kvs_t each (default 2)\n"
-            "  --requests R         requests per worker (default 8)\n"
-            "  --prefix P           shared prompt tokens (default 256)\n"
-            "  --suffix U           unique prompt tokens per request (default 48, at least 1)\n"
-            "  --decode G           decode steps per request (default 32)\n"
-            "  --attn-all           decode attention in every layer (default: the last layer)\n"
-            "  --q-heads H          query heads, a multiple of kv_heads (default 2 x kv_heads)\n"
-            "  --layers L --kv-heads K --head-dim D --page-tokens T\n"
-            "                       geometry of the daemon it starts (default 2, 2, 64, 16)\n"
-            "  --pages-fp8 N --pages-tq3 N\n"
-            "                       pool sizes (default: sized from the workload, no eviction)\n"
-            "  --lifecycle-ms MS    lifecycle controller period (retier Stale pages to TQ3)\n"
-            "  --recent-pages N --anchor-pages N\n"
-            "                       the lifecycle's Recent window and Anchor sinks\n"
-            "  --kvd-opt KEY=VALUE  any other directive for the daemon it starts (repeatable)\n"
-            "  --seed S             token and K/V seed (default 1)\n");
+    fprintf(
+        f, "usage: kvbench engine [options]\n"
+           "\n"
+           "Multi-process engine workload on libkvshim; prints one JSON object on stdout\n"
+           "(progress on stderr). W worker processes serve R requests each: prompt = P shared\n"
+           "tokens + U unique ones; prefix lookup, K/V append of the uncached tokens in every\n"
+           "layer, commit, then G decode steps (extend 1, append every layer, attention,\n"
+           "commit). Reports prefix hits, p50/p99 of begin / append / attention / commit /\n"
+           "decode step, decode tokens/s, the daemon's FP8/TQ3 pages, and a correctness check\n"
+           "(finite outputs; on host pools worker 0's first request against the float64\n"
+           "reference, rel L2 <= 1e-4). Exit status 1 when the check fails.\n"
+           "\n"
+           "  --endpoint EP        use a running daemon instead of starting one (the geometry and\n"
+           "                       daemon options below are then the daemon's)\n"
+           "  --kvd PATH           kvd binary to start on a temporary endpoint (default: the\n"
+           "                       build's)\n"
+           "  --backend B          host | cuda: backend of the daemon it starts (default host)\n"
+           "  --workers W          worker processes, one kvs_t each (default 2)\n"
+           "  --requests R         requests per worker (default 8)\n"
+           "  --prefix P           shared prompt tokens (default 256)\n"
+           "  --suffix U           unique prompt tokens per request (default 48, at least 1)\n"
+           "  --decode G           decode steps per request (default 32)\n"
+           "  --attn-all           decode attention in every layer (default: the last layer)\n"
+           "  --q-heads H          query heads, a multiple of kv_heads (default 2 x kv_heads)\n"
+           "  --layers L --kv-heads K --head-dim D --page-tokens T\n"
+           "                       geometry of the daemon it starts (default 2, 2, 64, 16)\n"
+           "  --pages-fp8 N --pages-tq3 N\n"
+           "                       pool sizes (default: sized from the workload, no eviction)\n"
+           "  --lifecycle-ms MS    lifecycle controller period (retier Stale pages to TQ3)\n"
+           "  --recent-pages N --anchor-pages N\n"
+           "                       the lifecycle's Recent window and Anchor sinks\n"
+           "  --kvd-opt KEY=VALUE  any other directive for the daemon it starts (repeatable)\n"
+           "  --seed S             token and K/V seed (default 1)\n");
 }
 
 static int eng_u32(const char *a, uint32_t *v)
@@ -1081,8 +1080,9 @@ static int bench_engine(int argc, char **argv)
         } else if ((!strcmp(a, "--lifecycle-ms") || !strcmp(a, "--recent-pages") ||
                     !strcmp(a, "--anchor-pages")) &&
                    v && !eng_u32(v, &x) && x <= INT32_MAX) {
-            *(a[2] == 'l' ? &o.lifecycle_ms : a[2] == 'r' ? &o.recent_pages : &o.anchor_pages) =
-                (int)x;
+            *(a[2] == 'l'   ? &o.lifecycle_ms
+              : a[2] == 'r' ? &o.recent_pages
+                            : &o.anchor_pages) = (int)x;
             i++;
         } else if (!strcmp(a, "--seed") && v) {
             o.seed = strtoull(argv[++i], NULL, 10);
@@ -1102,8 +1102,8 @@ static int bench_engine(int argc, char **argv)
     }
     struct stat sock_st;
     if (o.ep_arg && !strncmp(o.ep_arg, "ipc://", 6) && stat(o.ep_arg + 6, &sock_st) != 0) {
-        fprintf(stderr, "kvbench: no daemon at %s: no socket file %s (is kvd running?)\n",
-                o.ep_arg, o.ep_arg + 6);
+        fprintf(stderr, "kvbench: no daemon at %s: no socket file %s (is kvd running?)\n", o.ep_arg,
+                o.ep_arg + 6);
         return 1;
     }
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kvbench-XXXXXX");
@@ -1158,8 +1158,8 @@ static int bench_engine(int argc, char **argv)
         }
         av[n] = NULL;
 #undef AV_
-        fprintf(stderr, "kvbench engine: starting %s (backend %s, %u FP8 + %u TQ3 pages)\n",
-                o.kvd, o.backend, o.pages_fp8, o.pages_tq3);
+        fprintf(stderr, "kvbench engine: starting %s (backend %s, %u FP8 + %u TQ3 pages)\n", o.kvd,
+                o.backend, o.pages_fp8, o.pages_tq3);
         dpid = spawn_kvd(av, ep);
     }
 
@@ -1174,8 +1174,9 @@ static int bench_engine(int argc, char **argv)
     const kv_geom_t g = st0.geom;
 #ifndef KVB_HAVE_CUDA
     if (!strncmp(st0.backend, "cuda", 4)) {
-        fprintf(stderr, "kvbench engine: the daemon's backend is %s (device pools) but this "
-                        "kvbench was built without CUDA; rebuild with -DKVD_CUDA=ON\n",
+        fprintf(stderr,
+                "kvbench engine: the daemon's backend is %s (device pools) but this "
+                "kvbench was built without CUDA; rebuild with -DKVD_CUDA=ON\n",
                 st0.backend);
         if (dpid > 0) {
             kill(dpid, SIGTERM);
@@ -1344,13 +1345,14 @@ static int bench_engine(int argc, char **argv)
            o.workers, o.requests, o.prefix, o.suffix, o.decode, attn_layers,
            o.ep_arg ? "false" : "true", o.pages_fp8, o.pages_tq3, o.lifecycle_ms, o.recent_pages,
            o.anchor_pages, (unsigned long long)o.seed);
-    printf("  \"requests\": %llu,\n  \"prompt_tokens\": %llu,\n  \"cached_tokens\": %llu,\n"
-           "  \"cached_expected_min\": %llu,\n  \"cached_expected_max\": %llu,\n"
-           "  \"prefix_hit_ratio\": %.4f,\n  \"prefill_tokens\": %llu,\n  \"decode_steps\": %llu,\n",
-           (unsigned long long)reqs, (unsigned long long)prompt, (unsigned long long)cachedt,
-           (unsigned long long)exp_min, (unsigned long long)exp_max,
-           prompt ? (double)cachedt / (double)prompt : 0.0, (unsigned long long)prefill,
-           (unsigned long long)steps);
+    printf(
+        "  \"requests\": %llu,\n  \"prompt_tokens\": %llu,\n  \"cached_tokens\": %llu,\n"
+        "  \"cached_expected_min\": %llu,\n  \"cached_expected_max\": %llu,\n"
+        "  \"prefix_hit_ratio\": %.4f,\n  \"prefill_tokens\": %llu,\n  \"decode_steps\": %llu,\n",
+        (unsigned long long)reqs, (unsigned long long)prompt, (unsigned long long)cachedt,
+        (unsigned long long)exp_min, (unsigned long long)exp_max,
+        prompt ? (double)cachedt / (double)prompt : 0.0, (unsigned long long)prefill,
+        (unsigned long long)steps);
     printf("  \"wall_s\": %.3f,\n  \"decode_tokens_per_s\": %.1f,\n  \"requests_per_s\": %.2f,\n",
            wall_s, (double)steps / wall_s, (double)reqs / wall_s);
     printf("  \"latency_us\": {\"begin\": {\"p50\": %.2f, \"p99\": %.2f}, "
@@ -1359,12 +1361,13 @@ static int bench_engine(int argc, char **argv)
            "\"attention\": {\"p50\": %.2f, \"p99\": %.2f}, "
            "\"commit\": {\"p50\": %.2f, \"p99\": %.2f}, "
            "\"decode_step\": {\"p50\": %.2f, \"p99\": %.2f}},\n",
-           b50, b99, a50, a99, ptl ? (double)pans / 1000.0 / (double)ptl : 0.0, t50, t99, c50,
-           c99, s50, s99);
+           b50, b99, a50, a99, ptl ? (double)pans / 1000.0 / (double)ptl : 0.0, t50, t99, c50, c99,
+           s50, s99);
     printf("  \"check\": {\"reference\": \"%s\", \"tol_rel_l2\": %g, \"checks\": %llu, "
            "\"retries\": %llu, \"rel_err_max\": %.3g, \"tq3_pages_in_checked_table_max\": %u, "
            "\"attention_calls\": %llu, \"nonfinite\": %llu, \"workers_failed\": %llu},\n",
-           on_device ? "skipped (device pools; outputs checked finite)" : "float64 kv_attn_reference",
+           on_device ? "skipped (device pools; outputs checked finite)"
+                     : "float64 kv_attn_reference",
            ENG_REF_TOL, (unsigned long long)ref_checks, (unsigned long long)ref_retries, ref_err,
            ref_tq3, (unsigned long long)attn_calls, (unsigned long long)nonfinite,
            (unsigned long long)failed);

@@ -86,8 +86,9 @@ static void test_smoke_prefix_hits_are_exact(void **state)
     const unsigned W = 2, R = 3, P = 32, U = 20, G = 2;
     char *out = malloc(OUT_CAP);
     assert_non_null(out);
-    const char *args[] = {"--kvd", KVD_BIN, "--workers", "2", "--requests", "3", "--prefix", "32",
-                          "--suffix", "20", "--decode", "2", NULL};
+    const char *args[] = {"--kvd",    KVD_BIN,    "--workers", "2",        "--requests",
+                          "3",        "--prefix", "32",        "--suffix", "20",
+                          "--decode", "2",        NULL};
     assert_int_equal(run_bench(out, args), 0);
     const char *j = strchr(out, '{');
     assert_non_null(j);
@@ -133,16 +134,23 @@ static void test_smoke_prefix_hits_are_exact(void **state)
 static void test_running_daemon_with_lifecycle(void **state)
 {
     (void)state;
-    const char *extra[] = {"--lifecycle_ms", "5", "--recent_pages", "1", "--anchor_pages", "0",
-                           "--retier_batch", "64", NULL};
+    const char *extra[] = {"--lifecycle_ms",
+                           "5",
+                           "--recent_pages",
+                           "1",
+                           "--anchor_pages",
+                           "0",
+                           "--retier_batch",
+                           "64",
+                           NULL};
     itest_kvd_t k;
     itest_kvd_start(&k, extra);
     char *out = malloc(OUT_CAP);
     assert_non_null(out);
     /* 160 + 7 + 40 tokens: 13 pages per sequence, all but the last Stale to the lifecycle */
-    const char *args[] = {"--endpoint", k.endpoint, "--workers", "3",     "--requests", "2",
-                          "--prefix",   "160",      "--suffix",  "7",     "--decode",   "40",
-                          "--attn-all", "--q-heads", "6",        "--seed", "9",         NULL};
+    const char *args[] = {"--endpoint", k.endpoint,  "--workers", "3",      "--requests", "2",
+                          "--prefix",   "160",       "--suffix",  "7",      "--decode",   "40",
+                          "--attn-all", "--q-heads", "6",         "--seed", "9",          NULL};
     assert_int_equal(run_bench(out, args), 0);
     const char *j = strchr(out, '{');
     assert_non_null(j);
@@ -155,8 +163,9 @@ static void test_running_daemon_with_lifecycle(void **state)
     assert_non_null(ck);
     assert_int_equal((int)jnum(ck, "checks"), 40 * 2); /* every step, both layers */
     assert_true(jnum(ck, "rel_err_max") <= 1e-4);
-    fprintf(stderr, "[ kvbench ] lifecycle: %.0f retiers, %.0f TQ3 pages at most in the checked "
-                    "table, %.0f reference retries\n",
+    fprintf(stderr,
+            "[ kvbench ] lifecycle: %.0f retiers, %.0f TQ3 pages at most in the checked "
+            "table, %.0f reference retries\n",
             jnum(j, "retiers"), jnum(ck, "tq3_pages_in_checked_table_max"), jnum(ck, "retries"));
     assert_int_equal(itest_wait_stat(&k, "request_refs", 0, 20000) >= 0, 1);
     itest_assert_check(&k);
@@ -169,9 +178,8 @@ static void test_bad_arguments(void **state)
     (void)state;
     char *out = malloc(OUT_CAP);
     assert_non_null(out);
-    assert_int_equal(itest_run((const char *[]){KVBENCH_BIN, "engine", "--frobnicate", NULL}, out,
-                               OUT_CAP),
-                     2);
+    assert_int_equal(
+        itest_run((const char *[]){KVBENCH_BIN, "engine", "--frobnicate", NULL}, out, OUT_CAP), 2);
     assert_non_null(strstr(out, "'--frobnicate'"));
     assert_non_null(strstr(out, "usage: kvbench engine"));
     assert_int_equal(
@@ -188,9 +196,8 @@ static void test_bad_arguments(void **state)
                                out, OUT_CAP),
                      1);
     assert_non_null(strstr(out, "no socket file /nonexistent/kvd.sock"));
-    assert_int_equal(itest_run((const char *[]){KVBENCH_BIN, "engine", "--help", NULL}, out,
-                               OUT_CAP),
-                     0);
+    assert_int_equal(
+        itest_run((const char *[]){KVBENCH_BIN, "engine", "--help", NULL}, out, OUT_CAP), 0);
     assert_non_null(strstr(out, "--workers W"));
     free(out);
 }
