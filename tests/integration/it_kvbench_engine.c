@@ -4,9 +4,10 @@
  * whose prefix hits are known exactly: W = 2 workers, R = 3 requests each, P = 32 shared tokens
  * (2 pages of 16), U = 20 unique tokens, G = 2 decode steps. Every request after a worker's
  * first one finds the prefix its own first request committed, so it gets exactly P cached
- * tokens; a worker's first request gets 0 or P depending on whether the other worker committed
- * the prefix before its begin (a race, so the test accepts both but nothing else):
- *     per worker: cached = first_cached + (R - 1)·P, first_cached ∈ {0, P}
+ * tokens; a worker's first request gets 0, 16 or P depending on how much of the prefix the
+ * other worker had committed (sealed page by page) before its begin — a race, so the test
+ * accepts those but nothing else (16 was first seen under ASan timing):
+ *     per worker: cached = first_cached + (R - 1)·P, first_cached ∈ {0, 16, P}
  *     total: (W·R − W)·P ≤ cached ≤ W·R·P, prefill = prompt − cached, decode steps = W·R·G.
  * Its built-in check (worker 0's first request against the float64 reference, rel L2 ≤ 1e-4)
  * must have run G times and passed.
@@ -27,6 +28,8 @@
 #include <cmocka.h>
 
 #include "itest.h"
+
+#define PAGE_TOKENS 16u /* kvbench engine's default --page-tokens */
 
 #ifndef KVBENCH_BIN
 #error "KVBENCH_BIN (the kvbench binary) is set by tests/integration/CMakeLists.txt"
@@ -84,8 +87,7 @@ static void test_smoke_prefix_hits_are_exact(void **state)
 {
     (void)state;
     const unsigned W = 2, R = 3, P = 32, U = 20, G = 2;
-    char *out = malloc(OUT_CAP);
-    assert_non_null(out);
+    static char out[OUT_CAP]; /* static: a failed assertion leaves without a free */
     const char *args[] = {"--kvd",    KVD_BIN,    "--workers", "2",        "--requests",
                           "3",        "--prefix", "32",        "--suffix", "20",
                           "--decode", "2",        NULL};
@@ -108,7 +110,9 @@ static void test_smoke_prefix_hits_are_exact(void **state)
     for (unsigned w = 0; w < W; w++) {
         const char *o = jworker(j, w);
         double first = jnum(o, "first_cached"), wc = jnum(o, "cached_tokens");
-        assert_true(first == 0 || first == P);
+        /* a worker's first request races the other's commit, which seals the prefix page by
+         * page: it hits 0, one page or the whole prefix; its later requests hit all of it */
+        assert_true(first >= 0 && first <= P && (unsigned)first % PAGE_TOKENS == 0);
         assert_int_equal((int)wc, (int)first + (R - 1) * P);
         assert_int_equal((int)jnum(o, "cached_max"), P);
         assert_int_equal((int)jnum(o, "requests"), R);
@@ -128,7 +132,6 @@ static void test_smoke_prefix_hits_are_exact(void **state)
     assert_int_equal((int)jnum(ck, "nonfinite"), 0);
     assert_int_equal((int)jnum(ck, "attention_calls"), W * R * G);
     assert_true(jtop(j, "wall_s") > 0 && jtop(j, "decode_tokens_per_s") > 0);
-    free(out);
 }
 
 static void test_running_daemon_with_lifecycle(void **state)
