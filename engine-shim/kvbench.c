@@ -80,6 +80,27 @@ static char tmpdir[256];
 
 /* Start kvd (argv[0] its path, NULL-terminated) with its output in tmpdir/kvd.log and wait for
  * its fd socket (ep's path + ".fds"), which it creates once it serves. */
+/* An --endpoint ipc:// whose socket file is missing: ZeroMQ would wait for the daemon; say so
+ * at once (as kvctl does). NULL (kvbench starts its own) or tcp:// pass. */
+static int daemon_reachable(const char *ep_arg)
+{
+    struct stat st;
+    if (ep_arg && !strncmp(ep_arg, "ipc://", 6) && stat(ep_arg + 6, &st) != 0) {
+        fprintf(stderr, "kvbench: no daemon at %s: no socket file %s (is kvd running?)\n", ep_arg,
+                ep_arg + 6);
+        return 0;
+    }
+    return 1;
+}
+
+/* the run's temporary directory (tmpdir), removed at exit */
+static void make_tmpdir(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvbench-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        die("mkdtemp", NULL);
+}
+
 static pid_t spawn_kvd(char *const *argv, const char *ep)
 {
     const char *kvd = argv[0];
@@ -326,15 +347,9 @@ static int bench_rpc(int argc, char **argv)
     }
     if (iters < 100)
         iters = 100;
-    struct stat sock_st; /* ZeroMQ would wait for a missing daemon: say so at once (as kvctl) */
-    if (ep_arg && !strncmp(ep_arg, "ipc://", 6) && stat(ep_arg + 6, &sock_st) != 0) {
-        fprintf(stderr, "kvbench: no daemon at %s: no socket file %s (is kvd running?)\n", ep_arg,
-                ep_arg + 6);
+    if (!daemon_reachable(ep_arg))
         return 1;
-    }
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvbench-XXXXXX");
-    if (!mkdtemp(tmpdir))
-        die("mkdtemp", NULL);
+    make_tmpdir();
     char ep[400];
     pid_t dpid = 0;
     if (ep_arg)
@@ -1108,15 +1123,9 @@ static int bench_engine(int argc, char **argv)
         fprintf(stderr, "kvbench engine: --backend is host or cuda, not '%s'\n", o.backend);
         return 2;
     }
-    struct stat sock_st;
-    if (o.ep_arg && !strncmp(o.ep_arg, "ipc://", 6) && stat(o.ep_arg + 6, &sock_st) != 0) {
-        fprintf(stderr, "kvbench: no daemon at %s: no socket file %s (is kvd running?)\n", o.ep_arg,
-                o.ep_arg + 6);
+    if (!daemon_reachable(o.ep_arg))
         return 1;
-    }
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvbench-XXXXXX");
-    if (!mkdtemp(tmpdir))
-        die("mkdtemp", NULL);
+    make_tmpdir();
     char ep[400];
     pid_t dpid = 0;
     uint64_t total = (uint64_t)o.prefix + o.suffix + o.decode;
