@@ -1478,20 +1478,18 @@ __device__ __forceinline__ float merge_weight(float m, float l, float M)
     return l > 0.0f && M != -INFINITY ? expf(m - M) * l : 0.0f;
 }
 
-/* One block per (query head, sequence), kMergeThreads threads. (m, l) of the partitions are
- * staged in shared memory in chunks; pass 1 takes the maximum M, then each partition's weight
- * w = exp(m − M)·l. v20: partition j of a chunk is summed by warp j % W, each lane owning
- * d/32 consecutive coordinates (one 8-32-byte vector load per partition row), kMergeBatch
- * partitions per warp loaded before any is added: the W warps and their batches keep
- * W·kMergeBatch rows in flight, where v7 (one thread per coordinate, 16 partitions per
- * round) waited for each round — B=2 d=256 has 66 partitions per head and its merge took
- * ~10 µs of a 40 µs call. The warps' sums are added in warp order: a fixed order, so the
- * output stays deterministic. An empty partition (l = 0) is skipped: its weight is +0 and its
- * Ō was never written. */
-constexpr int kMergeChunk = 512;
+/* One block per (query head, sequence), kMergeThreads threads; partition j is summed by warp
+ * j % W, each lane owning d/32 consecutive coordinates (8-32-byte vector loads).
+ * v21: no block barrier before the sums. Each warp issues the Ō rows of its first
+ * kMergeBatch partitions first — speculatively: a row whose partition turns out empty may be
+ * garbage, so it enters through a select, never a multiply — then takes the maximum M over
+ * all partitions' (m, l) itself (lane-strided loads and shuffles; every warp computes the same
+ * M) and its partitions' weights w = exp(m − M)·l. One barrier joins the warps' sums, added in
+ * warp order, so the output stays deterministic. v20 (a pass-1 barrier, weights in shared
+ * memory, then the row loads) took 5.0 µs at B=8 32K and 5.8 µs at B=2 d=256 (ncu), two
+ * dependent global round trips plus barriers; v7 waited per 16-partition round. */
 constexpr int kMergeThreads = 256;
 constexpr int kMergeWarps = kMergeThreads / 32;
-
 constexpr int kMergeBatch = 8;
 
 /* the lane's NE coordinates of one partition row */
@@ -1517,68 +1515,46 @@ __global__ void __launch_bounds__(kMergeThreads)
                       float *__restrict__ out)
 {
     constexpr uint32_t D = 32u * NE;
-    __shared__ float s_l[kMergeChunk], s_w[kMergeChunk];
-    __shared__ float s_red[kMergeWarps];
     __shared__ __align__(16) float s_acc[kMergeWarps][D];
     __shared__ float s_L[kMergeWarps];
     const uint32_t h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
     const uint32_t warp = tid >> 5, lane = tid & 31u;
-    /* pass 1: M = max over non-empty partitions; (m, l) kept in smem when one chunk holds
-     * them all (saves the second round trip to L2) */
-    const bool one = parts <= (uint32_t)kMergeChunk;
+    const size_t ml0 = (size_t)s * parts * q_heads + h; /* (m, l) of partition j at ml0 + j·H */
+    const float *base = po + ((size_t)s * parts * q_heads + h) * D + lane * NE;
+    const size_t rows = (size_t)q_heads * D; /* floats between partition rows */
+    float v[kMergeBatch][NE];
+    auto load_batch = [&](uint32_t j0) {
+#pragma unroll
+        for (int u = 0; u < kMergeBatch; u++) {
+            const uint32_t j = j0 + (uint32_t)u * kMergeWarps;
+            if (j < parts)
+                merge_load<NE>(base + (size_t)j * rows, v[u]);
+        }
+    };
+    load_batch(warp); /* in flight while M is found */
     float M = -INFINITY;
-    for (uint32_t j = tid; j < parts; j += kMergeThreads) {
-        const size_t i = ((size_t)s * parts + j) * q_heads + h;
-        const float l = pl[i], m = pm[i];
-        if (one)
-            s_l[j] = l, s_w[j] = m;
+    for (uint32_t j = lane; j < parts; j += 32) {
+        const float l = pl[ml0 + (size_t)j * q_heads];
         if (l > 0.0f)
-            M = fmaxf(M, m);
+            M = fmaxf(M, pm[ml0 + (size_t)j * q_heads]);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    if (lane == 0)
-        s_red[warp] = M;
-    __syncthreads();
-    M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kMergeWarps; w++)
-        M = fmaxf(M, s_red[w]);
     float acc[NE], L = 0.0f;
 #pragma unroll
     for (int k = 0; k < NE; k++)
         acc[k] = 0.0f;
-    const size_t rows = (size_t)q_heads * D; /* floats between partition rows */
-    for (uint32_t c0 = 0; c0 < parts && M != -INFINITY; c0 += kMergeChunk) {
-        const uint32_t n = min((uint32_t)kMergeChunk, parts - c0);
-        __syncthreads(); /* the previous chunk's s_w / s_l are read */
-        for (uint32_t j = tid; j < n; j += kMergeThreads) { /* same j ↔ thread map as pass 1 */
-            if (one) {
-                s_w[j] = merge_weight(s_w[j], s_l[j], M);
-            } else {
-                const size_t i = ((size_t)s * parts + c0 + j) * q_heads + h;
-                const float l = pl[i];
-                s_w[j] = merge_weight(pm[i], l, M);
-                s_l[j] = l;
-            }
-        }
-        __syncthreads();
-        const float *base = po + (((size_t)s * parts + c0) * q_heads + h) * D + lane * NE;
-        for (uint32_t j0 = warp; j0 < n; j0 += kMergeWarps * kMergeBatch) {
-            float v[kMergeBatch][NE];
-            bool live[kMergeBatch];
+    for (uint32_t j0 = warp; j0 < parts && M != -INFINITY; j0 += kMergeWarps * kMergeBatch) {
+        if (j0 != warp)
+            load_batch(j0);
 #pragma unroll
-            for (int u = 0; u < kMergeBatch; u++) { /* loads first, warp-uniform predicates */
-                const uint32_t j = j0 + (uint32_t)u * kMergeWarps;
-                live[u] = j < n && s_l[j] > 0.0f;
-                if (live[u])
-                    merge_load<NE>(base + (size_t)j * rows, v[u]);
-            }
-#pragma unroll
-            for (int u = 0; u < kMergeBatch; u++) { /* then the sums, in partition order */
-                if (live[u]) {
-                    const float w = s_w[j0 + (uint32_t)u * kMergeWarps];
+        for (int u = 0; u < kMergeBatch; u++) { /* the sums, in partition order */
+            const uint32_t j = j0 + (uint32_t)u * kMergeWarps;
+            if (j < parts) {
+                const size_t i = ml0 + (size_t)j * q_heads;
+                const float l = pl[i], w = merge_weight(pm[i], l, M);
+                if (l > 0.0f) { /* warp-uniform; an empty partition's row is never used */
                     L += w;
 #pragma unroll
                     for (int k = 0; k < NE; k++)
