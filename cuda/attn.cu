@@ -1533,10 +1533,9 @@ __global__ void __launch_bounds__(kMergeThreads)
     };
     load_batch(warp); /* in flight while M is found */
     float M = -INFINITY;
-    for (uint32_t j = lane; j < parts; j += 32) {
-        const float l = pl[ml0 + (size_t)j * q_heads];
-        if (l > 0.0f)
-            M = fmaxf(M, pm[ml0 + (size_t)j * q_heads]);
+    for (uint32_t j = lane; j < parts; j += 32) { /* m and l loaded together: one round trip */
+        const float l = pl[ml0 + (size_t)j * q_heads], m = pm[ml0 + (size_t)j * q_heads];
+        M = l > 0.0f ? fmaxf(M, m) : M;
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
