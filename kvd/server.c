@@ -109,6 +109,8 @@ struct kvd_server_s {
     int snap_clean; /* the last snapshot WRITTEN holds the cache as it is (mark unchanged) */
     uint64_t snap_written, snap_failures, snap_pages, snap_bytes, snap_ms;
     uint64_t snap_load_pages, snap_load_skipped, snap_load_refused, snap_load_ms;
+    struct kvd_snap_job_s *snap_job; /* the periodic snapshot being written, or NULL */
+    uint64_t snap_served;            /* requests answered while a snapshot job was in flight */
 };
 
 static uint64_t kvd_now_ns(void)
@@ -134,6 +136,7 @@ static void kvd_server_stats(kvd_server_t *s, kvd_stats_t *st)
     st->snapshot_load_skipped = s->snap_load_skipped;
     st->snapshot_load_refused = s->snap_load_refused;
     st->snapshot_load_ms = s->snap_load_ms;
+    st->snapshot_requests_during = s->snap_served;
 }
 
 /* ---- persistence (snapshot.h) ------------------------------------------------------------ */
@@ -153,12 +156,10 @@ static double kvd_mbps(uint64_t bytes, uint64_t ns)
     return ns ? (double)bytes / 1e6 / ((double)ns / 1e9) : 0.0;
 }
 
-/* Write a snapshot now (blocks the loop for the write). why: "shutdown", "kvctl", "timer". */
-static int kvd_server_snapshot(kvd_server_t *s, const char *why, kvd_snap_result_t *r,
-                               char *err, size_t errlen)
+/* Book a finished write (stats, log): the synchronous and the sliced path alike. */
+static int kvd_server_snapshot_done(kvd_server_t *s, const char *why, uint64_t mark, int e,
+                                    const kvd_snap_result_t *r, const char *err)
 {
-    uint64_t mark = kvd_cache_mark(s);
-    int e = kvd_snap_write(s->core, s->cfg->snapshot_dir, &s->snap_id, r, err, errlen);
     if (e != KV_ERR_OK) {
         s->snap_failures++;
         KVD_LOGE("snapshot (%s) failed, previous generations kept: %s", why, err);
@@ -175,17 +176,132 @@ static int kvd_server_snapshot(kvd_server_t *s, const char *why, kvd_snap_result
              "(%.0f MB/s) -> %s",
              why, r->generation, r->pages, (double)r->bytes / 1e6, (double)r->ns / 1e6,
              kvd_mbps(r->bytes, r->ns), r->path);
+    if (r->vanished)
+        KVD_LOGI("snapshot (%s): %" PRIu64 " entries were evicted during the write and left out",
+                 why, r->vanished);
     return KV_ERR_OK;
+}
+
+/* Write a snapshot now (blocks the loop for the write: kvctl and shutdown). */
+static int kvd_server_snapshot(kvd_server_t *s, const char *why, kvd_snap_result_t *r,
+                               char *err, size_t errlen)
+{
+    uint64_t mark = kvd_cache_mark(s);
+    int e = kvd_snap_write(s->core, s->cfg->snapshot_dir, &s->snap_id, r, err, errlen);
+    return kvd_server_snapshot_done(s, why, mark, e, r, err);
+}
+
+/* The periodic snapshot, off the loop (docs/decisions.md 41): the loop copies one slice of
+ * pages (kvd_snap_writer_fill, ≤ 8 MiB, a few ms) and a libuv worker writes it
+ * (kvd_snap_writer_flush: write()/pwrite()/fsync()/close() on the writer's fd only — the worker
+ * never touches the core, the server or the loop). Its completion (after_work, on the loop)
+ * copies the next slice; after the last, rename + directory fsync + pruning run on the loop
+ * (two metadata syscalls). One job at a time: the timer skips while one runs, kvctl snapshot is
+ * refused (FAILED_PRECONDITION), and kvd_server_stop completes it synchronously.
+ *
+ * mu guards `abandoned` against the worker: the worker flushes only while holding mu and only
+ * when not abandoned, so once kvd_server_stop has set it (under mu) the writer is the loop's
+ * alone, whether the queued work had started, finished, or not yet begun. */
+typedef struct kvd_snap_job_s {
+    uv_work_t req;
+    kvd_server_t *s;
+    kvd_snap_writer_t *w;
+    uint64_t mark;
+    uv_mutex_t mu;
+    int abandoned; /* kvd_server_stop took the writer over: after_work only frees the job */
+} kvd_snap_job_t;
+
+static void kvd_snap_job_work(uv_work_t *req)
+{
+    kvd_snap_job_t *j = req->data;
+    uv_mutex_lock(&j->mu);
+    if (!j->abandoned)
+        kvd_snap_writer_flush(j->w); /* an error is sticky in the writer: after_work sees it */
+    uv_mutex_unlock(&j->mu);
+}
+
+static void kvd_snap_job_after(uv_work_t *req, int status);
+
+/* End the job's writer on the loop and book the result. */
+static void kvd_snap_job_end(kvd_snap_job_t *j, const char *why)
+{
+    kvd_snap_result_t r;
+    char err[1024];
+    int e = kvd_snap_writer_end(&j->w, &r, err, sizeof err);
+    kvd_server_snapshot_done(j->s, why, j->mark, e, &r, err);
+    j->s->snap_job = NULL;
+}
+
+static void kvd_snap_job_after(uv_work_t *req, int status)
+{
+    kvd_snap_job_t *j = req->data;
+    if (j->abandoned) { /* kvd_server_stop finished the write itself */
+        uv_mutex_destroy(&j->mu);
+        free(j);
+        return;
+    }
+    kvd_server_t *s = j->s;
+    (void)status; /* never cancelled: uv_cancel is not used */
+    /* the next slice, on its way unless the writer is done or failed */
+    if (!kvd_snap_writer_finished(j->w) && kvd_snap_writer_fill(j->w, s->core) == KV_ERR_OK &&
+        uv_queue_work(s->loop, &j->req, kvd_snap_job_work, kvd_snap_job_after) == 0)
+        return;
+    if (!kvd_snap_writer_finished(j->w)) /* a fill error is sticky; a queue error: write here */
+        kvd_snap_writer_run(j->w, s->core);
+    kvd_snap_job_end(j, "timer");
+    uv_mutex_destroy(&j->mu);
+    free(j);
 }
 
 static void kvd_snapshot_cb(uv_timer_t *t)
 {
     kvd_server_t *s = t->data;
-    if (kvd_cache_mark(s) == s->snap_mark)
-        return; /* nothing changed since the last snapshot */
-    kvd_snap_result_t r;
+    if (s->snap_job || kvd_cache_mark(s) == s->snap_mark)
+        return; /* one in flight (the next tick retries), or nothing changed since the last */
     char err[1024];
-    kvd_server_snapshot(s, "timer", &r, err, sizeof err);
+    kvd_snap_job_t *j = calloc(1, sizeof *j);
+    if (!j || uv_mutex_init(&j->mu) != 0) {
+        free(j);
+        s->snap_failures++;
+        KVD_LOGE("snapshot (timer) failed: out of memory for the job");
+        return;
+    }
+    j->s = s;
+    j->req.data = j;
+    j->mark = kvd_cache_mark(s);
+    int e =
+        kvd_snap_writer_begin(&j->w, s->core, s->cfg->snapshot_dir, &s->snap_id, err, sizeof err);
+    if (e != KV_ERR_OK) {
+        kvd_snap_result_t r;
+        memset(&r, 0, sizeof r);
+        kvd_server_snapshot_done(s, "timer", j->mark, e, &r, err);
+        uv_mutex_destroy(&j->mu);
+        free(j);
+        return;
+    }
+    s->snap_job = j;
+    if (kvd_snap_writer_fill(j->w, s->core) == KV_ERR_OK &&
+        uv_queue_work(s->loop, &j->req, kvd_snap_job_work, kvd_snap_job_after) == 0)
+        return;
+    kvd_snap_writer_run(j->w, s->core); /* sticky error, or no worker: finish it here */
+    kvd_snap_job_end(j, "timer");
+    uv_mutex_destroy(&j->mu);
+    free(j);
+}
+
+/* At stop: the periodic snapshot in flight is finished synchronously (the worker's current
+ * write, if any, first: mu), so the shutdown path below sees its result. */
+static void kvd_snap_job_finish_now(kvd_server_t *s)
+{
+    kvd_snap_job_t *j = s->snap_job;
+    if (!j)
+        return;
+    uv_mutex_lock(&j->mu);
+    j->abandoned = 1; /* from here on the worker leaves the writer alone */
+    uv_mutex_unlock(&j->mu);
+    kvd_snap_writer_run(j->w, s->core);
+    kvd_snap_job_end(j, "timer, completed at shutdown");
+    /* the job itself stays allocated: libuv still owns j->req until after_work frees it */
 }
 
 static void kvd_snap_refused_log(void *ud, const char *line)
@@ -953,6 +1069,11 @@ static kv_err_t kvd_op_snapshot(kvd_req_ctx_t *c)
     if (!s->persist)
         return kvd_fail(c, KV_ERR_FAILED_PRECONDITION,
                         "persistence is off: start kvd with snapshot_dir set (docs/snapshot.md)");
+    if (s->snap_job) /* one at a time; the periodic one completes in the background */
+        return kvd_fail(c, KV_ERR_FAILED_PRECONDITION,
+                        "a snapshot is being written, generation %" PRIu64
+                        ": try again when it completes",
+                        kvd_snap_writer_generation(s->snap_job->w));
     kvd_snap_result_t r;
     char err[1024];
     int e = kvd_server_snapshot(s, "kvctl", &r, err, sizeof err);
@@ -1034,6 +1155,8 @@ static void kvd_handle_message(kvd_server_t *s)
     if (nf < 1)
         return;
     uint64_t t0 = kvd_now_ns();
+    if (s->snap_job)
+        s->snap_served++; /* answered while a snapshot is written: the loop was not blocked */
     kvd_req_ctx_t c;
     memset(&c, 0, sizeof c);
     c.s = s;
@@ -1561,6 +1684,7 @@ void kvd_server_stop(kvd_server_t *s)
     if (!s || s->stopping)
         return;
     KVD_LOGI("stopping: %u sessions attached", s->nsessions);
+    kvd_snap_job_finish_now(s); /* a periodic snapshot in flight completes before exit */
     if (s->persist && s->snap_clean && kvd_cache_mark(s) == s->snap_mark) {
         /* e.g. `kvctl snapshot` just before SIGTERM: rewriting the same pages would only
          * lengthen the shutdown and push an older generation out */

@@ -10,9 +10,11 @@
  *                               <gen> is 20 decimal digits, so names sort like generations.
  *   cache.<gen>.snap.tmp        a write in progress (a crash leaves one; removed at load).
  *
- * Write: collect the cache (kvd_core_cache_foreach, LRU head first), write header and records
- * to the .tmp file, fsync it, rename it over its final name, fsync the directory, then delete
- * every generation but the two newest. A failure at any step removes the .tmp file and keeps
+ * Write: collect the cache (kvd_core_cache_foreach, LRU head first), then slice by slice copy
+ * the pages and build their records (loop thread) and write them to the .tmp file (any thread:
+ * no core access), the header last (pwrite at offset 0, with the counts of what was written),
+ * fsync, rename it over its final name, fsync the directory, then delete every generation but
+ * the two newest. A failure at any step removes the .tmp file and keeps
  * what was there: a crash leaves either the old generations or the new one, never a torn file
  * under a final name.
  *
@@ -27,8 +29,11 @@
  * fuzz target tests/fuzz/fuzz_snapshot.c drives) checks bounds before arithmetic, all in 64
  * bits, and never allocates more than one page of the expected size.
  *
- * Thread rule: the daemon's loop thread (it calls into the core). Writing blocks the loop for
- * the duration of the I/O (docs/snapshot.md gives measured rates).
+ * Thread rule: the daemon's loop thread (it calls into the core), except
+ * kvd_snap_writer_flush, which touches only the writer's fd and buffer and may run on a worker
+ * thread (one at a time, never concurrently with fill/end on the same writer). kvd_snap_write
+ * blocks for the whole write; the daemon's periodic snapshot uses the writer so that the loop
+ * only blocks for one slice's copy at a time (docs/snapshot.md gives measured figures).
  */
 #ifndef KVD_SNAPSHOT_H
 #define KVD_SNAPSHOT_H
@@ -76,18 +81,44 @@ int kvd_snap_salt_load(const char *dir, uint8_t salt[KVD_HASH_KEY_BYTES], int *c
 
 typedef struct kvd_snap_result_s {
     uint64_t generation;
-    uint64_t pages;   /* written, or restored */
-    uint64_t skipped; /* load: valid records not restored (no free page or quota room) */
-    uint64_t bytes;   /* file bytes */
-    uint64_t ns;      /* wall time of the whole call */
-    uint32_t refused; /* load: generations refused before one loaded (or none was left) */
-    char path[1024];  /* the file written or loaded ("" when none) */
+    uint64_t pages;    /* written, or restored */
+    uint64_t vanished; /* write: collected entries evicted before their slice was copied */
+    uint64_t skipped;  /* load: valid records not restored (no free page or quota room) */
+    uint64_t bytes;    /* file bytes */
+    uint64_t ns;       /* wall time of the whole call */
+    uint32_t refused;  /* load: generations refused before one loaded (or none was left) */
+    char path[1024];   /* the file written or loaded ("" when none) */
 } kvd_snap_result_t;
 
 /* Write a new generation of every cached page. KV_ERR_OK, or IO / NOMEM / DEVICE with a
  * message naming the call and the file; on failure the previous generations are untouched. */
 int kvd_snap_write(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id, kvd_snap_result_t *r,
                    char *err, size_t errlen);
+
+/* The incremental writer (kvd_snap_write is begin + run + end). A writer holds the open .tmp
+ * file, the entries collected at begin and one staging buffer of at most max(8 MiB, one
+ * record) bytes.
+ *   begin   (loop) list generations, collect the cache, open cache.<gen>.snap.tmp (O_EXCL).
+ *   fill    (loop) copy the next slice of pages into the buffer with records and CRCs; an
+ *           entry no longer cached under the collected hash is left out (counted in
+ *           vanished). Call only when the previous slice was flushed. When every entry is
+ *           staged, the header (with the final counts) is built too.
+ *   flush   (ANY thread, no core access) write the staged slice; after the last one pwrite
+ *           the header at offset 0, fsync and close.
+ *   finished  1 when the last flush is done or an error stopped the writer.
+ *   run     (loop) flush and fill until finished: the rest of the write, synchronously.
+ *   end     (loop) rename, directory fsync, keep two generations, fill *r; on any error the
+ *           .tmp is removed and the previous generations are untouched. Frees the writer.
+ * fill and flush return KV_ERR_OK or the writer's first error (sticky; end reports it). */
+typedef struct kvd_snap_writer_s kvd_snap_writer_t;
+int kvd_snap_writer_begin(kvd_snap_writer_t **out, kvd_core_t *c, const char *dir,
+                          const kvd_snap_ident_t *id, char *err, size_t errlen);
+int kvd_snap_writer_fill(kvd_snap_writer_t *w, kvd_core_t *c);
+int kvd_snap_writer_flush(kvd_snap_writer_t *w);
+int kvd_snap_writer_finished(const kvd_snap_writer_t *w);
+int kvd_snap_writer_run(kvd_snap_writer_t *w, kvd_core_t *c);
+uint64_t kvd_snap_writer_generation(const kvd_snap_writer_t *w);
+int kvd_snap_writer_end(kvd_snap_writer_t **pw, kvd_snap_result_t *r, char *err, size_t errlen);
 
 /* Called once per refused generation with a line "FILE: reason" (for the log). */
 typedef void (*kvd_snap_log_fn)(void *ud, const char *line);
