@@ -589,9 +589,12 @@ static int snap_list(const char *dir, uint64_t **out, size_t *n, int rm_tmp, cha
     return KV_ERR_OK;
 }
 
-static void snap_path(char *buf, size_t len, const char *dir, uint64_t gen, int tmp)
+/* The file of generation gen in dir; 0 when the name does not fit buf (a snapshot_dir that
+ * long is refused where a file is written; a load or a prune skips the name). */
+static int snap_path(char *buf, size_t len, const char *dir, uint64_t gen, int tmp)
 {
-    snprintf(buf, len, "%s/cache.%020" PRIu64 ".snap%s", dir, gen, tmp ? ".tmp" : "");
+    int n = snprintf(buf, len, "%s/cache.%020" PRIu64 ".snap%s", dir, gen, tmp ? ".tmp" : "");
+    return n >= 0 && (size_t)n < len;
 }
 
 static int snap_fsync_dir(const char *dir, char *err, size_t errlen)
@@ -620,7 +623,8 @@ int kvd_snap_load(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id, kv
     uint32_t refused = 0;
     for (size_t i = 0; i < n; i++) {
         char path[1024], why[512] = "";
-        snap_path(path, sizeof(path), dir, gens[i], 0);
+        if (!snap_path(path, sizeof(path), dir, gens[i], 0))
+            continue;
         kvd_snap_result_t one;
         if (kvd_snap_load_file(c, path, id, &one, why, sizeof(why)) == KV_ERR_OK) {
             *r = one;
@@ -762,9 +766,15 @@ int kvd_snap_writer_begin(kvd_snap_writer_t **out, kvd_core_t *c, const char *di
     w->id = *id;
     w->gen = gen;
     w->t0 = t0;
-    snprintf(w->dir, sizeof(w->dir), "%s", dir);
-    snap_path(w->tmp, sizeof(w->tmp), dir, gen, 1);
-    snap_path(w->fin, sizeof(w->fin), dir, gen, 0);
+    if (snprintf(w->dir, sizeof(w->dir), "%s", dir) >= (int)sizeof(w->dir) ||
+        !snap_path(w->tmp, sizeof(w->tmp), dir, gen, 1) ||
+        !snap_path(w->fin, sizeof(w->fin), dir, gen, 0)) {
+        kvd_fmt(err, errlen, "snapshot_dir %.64s... is too long for a file name here", dir);
+        kvd_free(w->col.e);
+        kvd_free(w->buf);
+        kvd_free(w);
+        return KV_ERR_INVALID_ARGUMENT;
+    }
     kvd_core_cache_foreach(c, snap_collect_cb, &w->col);
     unlink(w->tmp);
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -922,8 +932,8 @@ int kvd_snap_writer_end(kvd_snap_writer_t **pw, kvd_snap_result_t *r, char *err,
         if (snap_list(w->dir, &gens, &ngen, 0, ignore, sizeof(ignore)) == KV_ERR_OK) {
             for (size_t i = KVD_SNAP_KEEP; i < ngen; i++) {
                 char old[1024];
-                snap_path(old, sizeof(old), w->dir, gens[i], 0);
-                unlink(old);
+                if (snap_path(old, sizeof(old), w->dir, gens[i], 0))
+                    unlink(old);
             }
             kvd_free(gens);
         }
