@@ -175,8 +175,8 @@ static void sub_sync(subr_t *s, kvc_t *c)
 static void test_events(void **state)
 {
     (void)state;
-    char evdir[64] = "/tmp/kvd-ev-XXXXXX";
-    assert_non_null(mkdtemp(evdir));
+    char evdir[64];
+    itest_tmpdir(evdir, sizeof evdir, "kvd-ev");
     char evep[128];
     snprintf(evep, sizeof evep, "ipc://%s/run/events.sock", evdir);
     itest_kvd_t k;
@@ -389,10 +389,7 @@ static void test_events(void **state)
     zmq_close(s->sub);
     zmq_ctx_term(s->ctx);
     free(s);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", evdir);
-    if (system(cmd)) {
-    }
+    itest_rmtree(evdir);
 }
 
 /* Events off (the default): kvctl says so, events sync is refused, hello names no endpoint. */

@@ -97,8 +97,7 @@ static void test_reconnect_with_snapshot(void **state)
 {
     (void)state;
     char sdir[64];
-    snprintf(sdir, sizeof sdir, "/tmp/kvd-it-reco-XXXXXX");
-    assert_non_null(mkdtemp(sdir));
+    itest_tmpdir(sdir, sizeof sdir, "kvd-it-reco");
     const char *extra[] = {"--snapshot_dir", sdir, "--lifecycle_ms", "0", NULL};
     itest_kvd_t k;
     itest_kvd_start(&k, extra);
@@ -131,9 +130,7 @@ static void test_reconnect_with_snapshot(void **state)
 
     kvc_close(&c);
     assert_int_equal(itest_kvd_stop(&k), 0);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", sdir);
-    assert_int_equal(system(cmd), 0);
+    itest_rmtree(sdir);
 }
 
 static void test_reconnect_without_snapshot(void **state)

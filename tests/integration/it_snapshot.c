@@ -103,8 +103,7 @@ static void newest(char *out, size_t cap)
 
 static void test_snapshot_restart(void **state)
 {
-    snprintf(sdir, sizeof sdir, "/tmp/kvd-it-snap-XXXXXX");
-    assert_non_null(mkdtemp(sdir));
+    itest_tmpdir(sdir, sizeof sdir, "kvd-it-snap");
     itest_kvd_t k;
 
     /* 1. seal, snapshot on demand, stop (the cache did not change since: not rewritten) */
@@ -167,17 +166,14 @@ static void test_snapshot_restart(void **state)
     itest_assert_check(&k);
     assert_int_equal(itest_kvd_stop(&k), 0);
 
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", sdir);
-    assert_int_equal(system(cmd), 0);
+    itest_rmtree(sdir);
 }
 
 /* snapshot_ms: a snapshot follows a cache change within a few periods, and none is written
  * while the cache stays as it is; config set snapshot_ms 0 stops them. */
 static void test_snapshot_periodic(void **state)
 {
-    snprintf(sdir, sizeof sdir, "/tmp/kvd-it-snap-XXXXXX");
-    assert_non_null(mkdtemp(sdir));
+    itest_tmpdir(sdir, sizeof sdir, "kvd-it-snap");
     itest_kvd_t k;
     const char *extra[] = {"--snapshot_dir", sdir, "--snapshot_ms", "20", NULL};
     itest_kvd_start(&k, extra);
@@ -194,9 +190,7 @@ static void test_snapshot_periodic(void **state)
     char out[1024];
     assert_int_equal(itest_kvctl(&k, out, sizeof out, off), 0);
     assert_int_equal(itest_kvd_stop(&k), 0);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", sdir);
-    assert_int_equal(system(cmd), 0);
+    itest_rmtree(sdir);
 }
 
 /* The periodic snapshot is written off the loop (docs/decisions.md 41). 240 pages of a bigger
@@ -211,8 +205,7 @@ static void test_snapshot_periodic(void **state)
  * write (~0.2 s) once cannot fail the test. Then a restart loads every cached entry back. */
 static void test_snapshot_async(void **state)
 {
-    snprintf(sdir, sizeof sdir, "/tmp/kvd-it-snap-XXXXXX");
-    assert_non_null(mkdtemp(sdir));
+    itest_tmpdir(sdir, sizeof sdir, "kvd-it-snap");
     itest_kvd_t k;
     const char *extra[] = {
         "--snapshot_dir", sdir,  "--lifecycle_ms", "0",   "--layers", "8", "--kv_heads", "8",
@@ -273,9 +266,7 @@ static void test_snapshot_async(void **state)
     assert_int_equal(itest_stat(&k, "snapshot_load_refused"), 0);
     itest_assert_check(&k);
     assert_int_equal(itest_kvd_stop(&k), 0);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", sdir);
-    assert_int_equal(system(cmd), 0);
+    itest_rmtree(sdir);
 }
 
 /* Persistence off (the default): kvctl snapshot is refused with the reason. */

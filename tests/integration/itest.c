@@ -150,11 +150,23 @@ int itest_kvd_stop(itest_kvd_t *k)
     int rc = itest_kvd_down(k);
     if (rc == -1)
         return -1;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", k->dir);
-    if (system(cmd)) {
-    }
+    itest_rmtree(k->dir);
     return rc;
+}
+
+void itest_tmpdir(char *buf, size_t cap, const char *prefix)
+{
+    int n = snprintf(buf, cap, "/tmp/%s-XXXXXX", prefix);
+    assert_true(n > 0 && (size_t)n < cap);
+    assert_non_null(mkdtemp(buf));
+}
+
+void itest_rmtree(const char *dir)
+{
+    char cmd[400];
+    int n = snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_true(n > 0 && (size_t)n < sizeof cmd);
+    assert_int_equal(system(cmd), 0);
 }
 
 kvc_t *itest_connect(const itest_kvd_t *k, const char *name)

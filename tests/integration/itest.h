@@ -25,6 +25,10 @@ typedef struct itest_kvd_s {
 void itest_kvd_start(itest_kvd_t *k, const char *const *extra);
 /* SIGTERM, wait; returns the exit status (0 = clean). Removes the temp dir. */
 int itest_kvd_stop(itest_kvd_t *k);
+/* A fresh directory /tmp/<prefix>-XXXXXX into buf (aborts the test on failure), and its
+ * removal with everything in it (fails the test when that fails). */
+void itest_tmpdir(char *buf, size_t cap, const char *prefix);
+void itest_rmtree(const char *dir);
 /* SIGTERM, wait, then start a new kvd on the SAME endpoint and directory with `extra` (as
  * itest_kvd_start; its log is appended to the old one). Returns the old daemon's exit status;
  * aborts the test when the new one does not start. Clients connected to the old daemon stay
