@@ -91,6 +91,14 @@ static void check_page(kvd_core_t *c, uint32_t lid, uint32_t seed, uint32_t k)
                      (unsigned long long)i);
 }
 
+/* A core of the standard test pools with one session open (*s): where every test starts. */
+static kvd_core_t *session_core(uint64_t *s)
+{
+    kvd_core_t *a = snap_core(FX_FP8, FX_TQ3);
+    FX_OK(kvd_core_session_open(a, 1, 0, s));
+    return a;
+}
+
 /* Seal prompt `seed` of n pages with known bytes, then release it: cached, on the LRU. */
 static void cache_prompt(kvd_core_t *c, uint64_t s, uint32_t seed, uint32_t n, uint32_t *ids)
 {
@@ -248,9 +256,8 @@ static void test_core_restore(void **state)
 static kvd_core_t *snapped_core(kvd_snap_ident_t *id, kvd_snap_result_t *r)
 {
     tdir_make();
-    kvd_core_t *a = snap_core(FX_FP8, FX_TQ3);
     uint64_t s;
-    FX_OK(kvd_core_session_open(a, 1, 0, &s));
+    kvd_core_t *a = session_core(&s);
     uint32_t p1[3];
     cache_prompt(a, s, 1, 3, p1);
     ident(id, a);
@@ -265,9 +272,8 @@ static kvd_core_t *snapped_core(kvd_snap_ident_t *id, kvd_snap_result_t *r)
 static void test_writer_vanished(void **state)
 {
     tdir_make();
-    kvd_core_t *a = snap_core(FX_FP8, FX_TQ3);
     uint64_t s;
-    FX_OK(kvd_core_session_open(a, 1, 0, &s));
+    kvd_core_t *a = session_core(&s);
     uint32_t p1[3];
     cache_prompt(a, s, 1, 3, p1);
     kvd_snap_ident_t id;
@@ -313,9 +319,8 @@ static void test_writer_vanished(void **state)
 static void test_round_trip(void **state)
 {
     tdir_make();
-    kvd_core_t *a = snap_core(FX_FP8, FX_TQ3);
     uint64_t s;
-    FX_OK(kvd_core_session_open(a, 1, 0, &s));
+    kvd_core_t *a = session_core(&s);
     uint32_t p1[3], p2[2];
     cache_prompt(a, s, 1, 3, p1);
     cache_prompt(a, s, 2, 2, p2);
@@ -556,9 +561,8 @@ static void log_cb(void *ud, const char *line)
 static void test_generations_fallback(void **state)
 {
     tdir_make();
-    kvd_core_t *a = snap_core(FX_FP8, FX_TQ3);
     uint64_t s;
-    FX_OK(kvd_core_session_open(a, 1, 0, &s));
+    kvd_core_t *a = session_core(&s);
     uint32_t p1[2], p2[2];
     kvd_snap_ident_t id;
     ident(&id, a);
@@ -672,9 +676,8 @@ static void test_rollback_half_load(void **state)
 static void test_budget_keeps_newest(void **state)
 {
     tdir_make();
-    kvd_core_t *a = snap_core(FX_FP8, FX_TQ3);
     uint64_t s;
-    FX_OK(kvd_core_session_open(a, 1, 0, &s));
+    kvd_core_t *a = session_core(&s);
     uint32_t p1[2], p2[3];
     cache_prompt(a, s, 1, 2, p1); /* older */
     cache_prompt(a, s, 2, 3, p2); /* newer: the LRU tail */
@@ -739,9 +742,8 @@ static void test_load_oom(void **state)
 /* A directory that cannot be listed: write and load fail with IO naming it, nothing changes. */
 static void test_bad_directory(void **state)
 {
-    kvd_core_t *a = snap_core(FX_FP8, FX_TQ3);
     uint64_t s;
-    FX_OK(kvd_core_session_open(a, 1, 0, &s));
+    kvd_core_t *a = session_core(&s);
     uint32_t p1[2];
     cache_prompt(a, s, 1, 2, p1);
     kvd_snap_ident_t id;
