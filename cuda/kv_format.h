@@ -110,6 +110,21 @@ enum { KV_KIND_K = 0, KV_KIND_V = 1 };
 #define KV_TQ3_CENTROIDS_INIT                                                                      \
     { -2.0510f, -1.4650f, -0.8790f, -0.2930f, 0.2930f, 0.8790f, 1.4650f, 2.0510f }
 
+/* Encoder constants (tq3.c "ENCODING", retier v4; the GPU retier uses the same ones).
+ * A code is c = floor(t · KV_TQ3_FLOOR8) for t ∈ [0, 1]: 8 − 2^-20 lands t = 1 on 7 without a
+ * clamp. Keys: t = sat(w·a8 + 0.5) with a8 = kv_tq3_key_a8(d) / ‖w‖ (w the unnormalised
+ * Hadamard transform of the row, so sqrt(d)/‖w‖ = 1/‖k‖), i.e. u = z/STEP + 4 on an 8× scale;
+ * γ uses KV_TQ3_KEY_HALF_STEP = STEP/2 (exact). */
+#define KV_TQ3_FLOOR8 0x1.fffffcp+2f
+#define KV_TQ3_KEY_HALF_STEP 0x1.2c0832p-2f
+
+/* float(sqrt(d) / (8·(double)KV_TQ3_KEY_STEP)) for d = 64, 128, 256 (written out so that the
+ * host and the device use the same bits without evaluating a square root). */
+KV_HD float kv_tq3_key_a8(uint32_t d)
+{
+    return d == 64 ? 0x1.b4dc2cp+0f : d == 128 ? 0x1.34e81ep+1f : 0x1.b4dc2cp+1f;
+}
+
 /* ---- geometry ---------------------------------------------------------------------------- */
 typedef struct kv_geom_s {
     uint32_t layers;      /* ≥ 1 */

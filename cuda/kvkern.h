@@ -42,6 +42,13 @@ void kv_tq3_decode_key(uint64_t seed, uint32_t d, const uint8_t *codes, uint16_t
 /* Values: codes [d], FP16 scale and zero of the rotated vector. */
 void kv_tq3_encode_value(uint64_t seed, uint32_t d, const float *v, uint8_t *codes,
                          uint16_t *scale, uint16_t *zero);
+/* The same encoders for the row x = s·r (tq3.c "ENCODING"): the retier passes an FP8 row's
+ * decoded codes r and its scale s, so that the codes depend on r alone; the plain encoders
+ * above are these with s = 1. */
+void kv_tq3_encode_key_scaled(uint64_t seed, uint32_t d, const float *r, float s, uint8_t *codes,
+                              uint16_t *norm);
+void kv_tq3_encode_value_scaled(uint64_t seed, uint32_t d, const float *r, float s,
+                                uint8_t *codes, uint16_t *scale, uint16_t *zero);
 void kv_tq3_decode_value(uint64_t seed, uint32_t d, const uint8_t *codes, uint16_t scale,
                          uint16_t zero, float *v);
 

@@ -67,6 +67,18 @@ static void fp8_block_get(const kv_geom_t *g, const uint8_t *blk, uint32_t t, fl
     kv_fp8_decode_row(g->head_dim, blk + t * d, s, x);
 }
 
+/* FP8 row t as its decoded codes (exact e4m3 values) in x; returns the row's scale. */
+static float fp8_block_codes(const kv_geom_t *g, const uint8_t *blk, uint32_t t, float *x)
+{
+    uint64_t d = g->head_dim;
+    float s;
+    uint64_t meta = kv_block_meta_offset(g, KV_FMT_FP8, KV_KIND_K); /* the same for K and V */
+    memcpy(&s, blk + meta + (uint64_t)t * sizeof(float), sizeof s);
+    for (uint64_t i = 0; i < d; i++)
+        x[i] = kv_fp8_to_float(blk[t * d + i]);
+    return s;
+}
+
 /* The run of units holding token t's codes in a TQ3 block of kind: first unit, unit count and
  * the token's index inside the run (what kv_tq3_get/set see as t when given the run). */
 typedef struct tq3_run_s {
@@ -93,7 +105,9 @@ static tq3_run_t tq3_run(const kv_geom_t *g, int kind, uint32_t t)
 #define TQ3_RUN_MAX_WORDS (KV_MAX_HEAD_DIM / 16 * KV_TQ3_UNIT_WORDS)
 
 /* Units and FP16 metadata are copied through aligned locals (see the note above). */
-static void tq3_block_put(const kv_geom_t *g, int kind, uint8_t *blk, uint32_t t, const float *x)
+/* TQ3 row t of block blk: encode the row s·x (retier passes an FP8 row's codes and scale). */
+static void tq3_block_put(const kv_geom_t *g, int kind, uint8_t *blk, uint32_t t, const float *x,
+                          float s)
 {
     uint32_t words[TQ3_RUN_MAX_WORDS];
     uint8_t codes[KV_MAX_HEAD_DIM];
@@ -103,10 +117,10 @@ static void tq3_block_put(const kv_geom_t *g, int kind, uint8_t *blk, uint32_t t
     size_t len = (size_t)r.units * KV_TQ3_UNIT_WORDS * sizeof(uint32_t);
     uint16_t a, b;
     if (kind == KV_KIND_K) {
-        kv_tq3_encode_key(g->seed, g->head_dim, x, codes, &a);
+        kv_tq3_encode_key_scaled(g->seed, g->head_dim, x, s, codes, &a);
         memcpy(blk + meta + (uint64_t)t * 2, &a, 2);
     } else {
-        kv_tq3_encode_value(g->seed, g->head_dim, x, codes, &a, &b);
+        kv_tq3_encode_value_scaled(g->seed, g->head_dim, x, s, codes, &a, &b);
         memcpy(blk + meta + (uint64_t)t * 2, &a, 2);
         memcpy(blk + meta + (uint64_t)g->page_tokens * 2 + (uint64_t)t * 2, &b, 2);
     }
@@ -185,14 +199,13 @@ static int page_convert(const kv_geom_t *g, kv_fmt_t sf, const uint8_t *src, kv_
                 const uint8_t *sb = src + kv_block_offset(g, sf, l, kind, h);
                 uint8_t *db = dst + kv_block_offset(g, df, l, kind, h);
                 for (uint32_t t = 0; t < g->page_tokens; t++) {
-                    if (sf == KV_FMT_FP8)
-                        fp8_block_get(g, sb, t, x);
-                    else
+                    if (sf == KV_FMT_FP8) { /* retier: the TQ3 encoder sees codes and scale */
+                        float s = fp8_block_codes(g, sb, t, x);
+                        tq3_block_put(g, kind, db, t, x, s);
+                    } else {
                         tq3_block_get(g, kind, sb, t, x);
-                    if (df == KV_FMT_FP8)
                         fp8_block_put(g, db, t, x);
-                    else
-                        tq3_block_put(g, kind, db, t, x);
+                    }
                 }
             }
         }

@@ -241,13 +241,20 @@ static void test_page_retier_promote(void **state)
                         kv_page_decode_block(g, KV_FMT_TQ3, tq3, l, kind, h, x3);
                         kv_page_decode_block(g, KV_FMT_FP8, back, l, kind, h, xb);
                         for (uint32_t s = 0; s < T; s++) {
-                            const float *r8 = x8 + (uint64_t)s * d;
-                            /* retier = TQ3 row codec applied to the FP8-decoded row */
+                            /* retier = TQ3 row codec applied to the FP8 row as its codes
+                             * (exact e4m3 values) and its scale */
+                            const uint8_t *fb8 = fp8 + kv_block_offset(g, KV_FMT_FP8, l, kind, h);
+                            float r8[256], s8;
+                            for (uint32_t i = 0; i < d; i++)
+                                r8[i] = kv_fp8_to_float(fb8[(uint64_t)s * d + i]);
+                            memcpy(&s8,
+                                   fb8 + kv_block_meta_offset(g, KV_FMT_FP8, KV_KIND_K) + 4 * s,
+                                   4);
                             if (kind == KV_KIND_K) {
-                                kv_tq3_encode_key(g->seed, d, r8, codes, &m0);
+                                kv_tq3_encode_key_scaled(g->seed, d, r8, s8, codes, &m0);
                                 kv_tq3_decode_key(g->seed, d, codes, m0, want);
                             } else {
-                                kv_tq3_encode_value(g->seed, d, r8, codes, &m0, &m1);
+                                kv_tq3_encode_value_scaled(g->seed, d, r8, s8, codes, &m0, &m1);
                                 kv_tq3_decode_value(g->seed, d, codes, m0, m1, want);
                             }
                             assert_memory_equal(x3 + (uint64_t)s * d, want, d * sizeof(float));

@@ -304,8 +304,9 @@ static void test_tq3_quality(void **state)
     }
 }
 
-/* The stored key is exactly the documented one: nearest centroid per coordinate and the
- * least-squares γ = ‖k‖⟨y,ĉ⟩/‖ĉ‖², recomputed here in double. */
+/* The stored key is the documented one, recomputed here independently in double: each code
+ * is the nearest uniform level of z = (R k)_i·sqrt(d)/‖k‖ (up to the float rounding of z near a
+ * boundary), and γ is the least-squares ‖k‖⟨y,ĉ⟩/‖ĉ‖² of those codes. */
 static void test_tq3_key_contract(void **state)
 {
     (void)state;
@@ -327,14 +328,15 @@ static void test_tq3_key_contract(void **state)
             for (uint32_t i = 0; i < d; i++) {
                 double z = y[i] * sqrt((double)d) / n;
                 uint32_t c = codes[i];
-                for (int o = 0; o < 8; o++) /* nearest, up to float rounding of z */
+                /* nearest, up to float rounding of z (the float pipeline carries ~1e-6 rel.) */
+                for (int o = 0; o < 8; o++)
                     assert_true(fabs(z - cent[c]) <= fabs(z - cent[o]) + 1e-5);
                 dot += y[i] / n * cent[c] / sqrt((double)d);
                 c2 += (double)cent[c] * cent[c] / d;
             }
             double g = n * dot / c2, gh = kv_half_to_float(nh);
-            /* FP16 rounding is half an ulp (2^-11 rel); the encoder's float z can move g across
-             * a rounding midpoint, so allow one full ulp. */
+            /* FP16 rounding is half an ulp (2^-11 rel); the encoder's float sums can move g
+             * across a rounding midpoint, so allow one full ulp. */
             assert_true(fabs(gh - g) <= g * 0x1p-10);
             /* decode = γ·Rᵀĉ */
             kv_tq3_decode_key(9, d, codes, nh, kh);
@@ -349,8 +351,9 @@ static void test_tq3_key_contract(void **state)
 }
 
 /* k = s (the sign vector) rotates to exactly sqrt(d)·e_0: coordinates 1..d-1 are exactly 0,
- * the midpoint between codes 3 and 4, and must take the UPPER code 4. */
-static void test_tq3_key_tie_goes_up(void **state)
+ * the boundary between codes 3 and 4, and take the LOWER code 3 (tq3.c: c = floor(t·FLOOR8)
+ * with FLOOR8 just below 8, so t = 1/2 gives 3). */
+static void test_tq3_key_tie_goes_down(void **state)
 {
     (void)state;
     for (size_t s = 0; s < 3; s++) {
@@ -363,10 +366,14 @@ static void test_tq3_key_tie_goes_up(void **state)
         kv_tq3_encode_key(123, d, k, codes, &nh);
         assert_int_equal(codes[0], 7);
         for (uint32_t i = 1; i < d; i++)
-            assert_int_equal(codes[i], 4);
+            assert_int_equal(codes[i], 3);
     }
 }
 
+/* Values against the documented grid, recomputed in double: zero/scale within one FP16 ulp of
+ * the double grid (the encoder's float sums move them by ~1e-6 rel., which can cross an FP16
+ * rounding midpoint), and every code the nearest grid point of the STORED zero/scale except
+ * where (y − z)/s is within 1e-4 of a half (float rounding of y decides there). */
 static void test_tq3_value_contract(void **state)
 {
     (void)state;
@@ -381,40 +388,73 @@ static void test_tq3_value_contract(void **state)
                 v[i] = (float)rng_gauss() * 2.0f + 0.5f;
             kv_tq3_encode_value(5, d, v, codes, &sh, &zh);
             kv_rot_forward(5, d, v, y);
-            /* tq3.c's order: sums pairwise (adjacent pairs first), zero extremes as +0 */
-            float lo = y[0], hi = y[0], t[256] = {0};
+            double lo = y[0], hi = y[0], sum = 0, var = 0;
             for (uint32_t i = 0; i < d; i++) {
-                lo = fminf(lo, y[i]);
-                hi = fmaxf(hi, y[i]);
-                t[i] = y[i];
+                lo = fmin(lo, y[i]);
+                hi = fmax(hi, y[i]);
+                sum += y[i];
             }
-            lo += 0.0f;
-            hi += 0.0f;
-            for (uint32_t h = 1; h < d; h <<= 1)
-                for (uint32_t i = 0; i < d; i += 2 * h)
-                    t[i] += t[i + h];
-            float sum = t[0], mean = sum / (float)d;
+            double mean = sum / d;
             for (uint32_t i = 0; i < d; i++)
-                t[i] = (y[i] - mean) * (y[i] - mean);
-            for (uint32_t h = 1; h < d; h <<= 1)
-                for (uint32_t i = 0; i < d; i += 2 * h)
-                    t[i] += t[i + h];
-            float var = t[0];
-            float step = 0.5860f * sqrtf(var / (float)d);
-            float z0 = lo, s0 = (hi - lo) / 7.0f;
+                var += (y[i] - mean) * (y[i] - mean);
+            double step = 0.5860 * sqrt(var / d), z0 = lo, s0 = (hi - lo) / 7.0;
             if (step < s0) {
-                z0 = mean - 3.5f * step;
+                z0 = mean - 3.5 * step;
                 s0 = step;
             }
-            assert_int_equal(zh, kv_half_from_float(z0));
-            assert_int_equal(sh, kv_half_from_float(s0));
-            float z = kv_half_to_float(zh), sc = kv_half_to_float(sh);
+            double zs = kv_half_to_float(zh), ss = kv_half_to_float(sh);
+            assert_true(fabs(zs - z0) <= fabs(z0) * 0x1p-10 + 0x1p-24);
+            assert_true(fabs(ss - s0) <= s0 * 0x1p-10);
             for (uint32_t i = 0; i < d; i++) {
-                float q = rintf((y[i] - z) / sc);
+                double u = (y[i] - zs) / ss;
+                double q = floor(u + 0.5);
                 q = q < 0 ? 0 : q > 7 ? 7 : q;
-                assert_int_equal(codes[i], (uint32_t)q);
+                if (fabs(u - floor(u) - 0.5) > 1e-4)
+                    assert_int_equal(codes[i], (uint32_t)q);
+                else
+                    assert_true(fabs((double)codes[i] - q) <= 1.0);
             }
         }
+    }
+}
+
+/* The scaled encoders see x = s·r: for a power-of-two s (exact scaling) they store exactly
+ * what the plain encoders store for the scaled vector — codes and metadata bit for bit. */
+static void test_tq3_scaled_is_scaling(void **state)
+{
+    (void)state;
+    static const float sc[] = {0x1p-7f, 0.5f, 1.0f, 8.0f, 0x1p20f};
+    float r[256], x[256];
+    uint8_t c1[256], c2[256];
+    uint16_t a1, b1, a2, b2;
+    rng_state = 43;
+    for (size_t s = 0; s < 3; s++) {
+        uint32_t d = dims[s];
+        for (size_t m = 0; m < sizeof sc / sizeof sc[0]; m++) {
+            for (uint32_t i = 0; i < d; i++) {
+                r[i] = kv_fp8_to_float(kv_fp8_from_float((float)rng_gauss() * 100.0f));
+                x[i] = r[i] * sc[m];
+            }
+            kv_tq3_encode_key_scaled(3, d, r, sc[m], c1, &a1);
+            kv_tq3_encode_key(3, d, x, c2, &a2);
+            assert_memory_equal(c1, c2, d);
+            assert_int_equal(a1, a2);
+            kv_tq3_encode_value_scaled(3, d, r, sc[m], c1, &a1, &b1);
+            kv_tq3_encode_value(3, d, x, c2, &a2, &b2);
+            assert_memory_equal(c1, c2, d);
+            assert_int_equal(a1, a2);
+            assert_int_equal(b1, b2);
+        }
+        /* a zero or non-finite scale stores a zero row */
+        kv_tq3_encode_key_scaled(3, d, r, 0.0f, c1, &a1);
+        assert_int_equal(a1, 0);
+        kv_tq3_encode_key_scaled(3, d, r, NAN, c1, &a1);
+        assert_int_equal(a1, 0);
+        kv_tq3_encode_value_scaled(3, d, r, INFINITY, c1, &a1, &b1);
+        assert_int_equal(a1, 0);
+        assert_int_equal(b1, 0);
+        for (uint32_t i = 0; i < d; i++)
+            assert_int_equal(c1[i], 0);
     }
 }
 
@@ -470,7 +510,8 @@ int main(void)
         cmocka_unit_test(test_tq3_unit_roundtrip),  cmocka_unit_test(test_tq3_unit_layout),
         cmocka_unit_test(test_tq3_block_layout),    cmocka_unit_test(test_tq3_decode_identity),
         cmocka_unit_test(test_tq3_quality),         cmocka_unit_test(test_tq3_key_contract),
-        cmocka_unit_test(test_tq3_key_tie_goes_up), cmocka_unit_test(test_tq3_value_contract),
+        cmocka_unit_test(test_tq3_key_tie_goes_down), cmocka_unit_test(test_tq3_value_contract),
+        cmocka_unit_test(test_tq3_scaled_is_scaling),
         cmocka_unit_test(test_tq3_degenerate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
