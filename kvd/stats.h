@@ -82,8 +82,11 @@
     XX(snapshot_pages, GAUGE, "pages in the last snapshot written")                               \
     XX(snapshot_bytes, GAUGE, "bytes of the last snapshot written")                               \
     XX(snapshot_ms, GAUGE, "duration of the last snapshot write in ms")                           \
-    XX(snapshot_requests_during, COUNTER, "requests answered while a periodic snapshot was "      \
-       "being written (the write runs off the loop)")                                             \
+    XX(snapshot_requests_during, COUNTER, "requests answered while a snapshot (periodic or "      \
+       "kvctl) was being written off the loop")                                                   \
+    XX(snapshot_in_flight, GAUGE, "1 while a snapshot (periodic or kvctl) is being written off "  \
+                                  "the loop")                                                      \
+    XX(snapshot_slices, COUNTER, "snapshot slices (<= 8 MiB each) written by the worker thread")  \
     XX(snapshot_load_pages, GAUGE, "pages restored from a snapshot at start")                     \
     XX(snapshot_load_skipped, GAUGE, "valid snapshot pages not restored at start (no room)")      \
     XX(snapshot_load_refused, GAUGE, "snapshot generations refused at start (corrupt or "         \

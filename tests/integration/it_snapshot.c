@@ -8,18 +8,26 @@
  * daemon with another head_dim: every generation refused with "geometry mismatch", the cache
  * starts empty, and the daemon serves. `kvctl check` is clean at every step; the temporary
  * directories are removed at the end. Also: snapshot_ms writes after a change and not while
- * the cache is unchanged; kvctl snapshot is refused when persistence is off.
+ * the cache is unchanged; periodic writes run off the loop; SIGTERM while a kvctl or a
+ * periodic write is in flight (held there by kvd's KVD_TEST_SNAPSHOT_HOLD hook, never a
+ * sleep): the write completes, the waiting kvctl is answered, every generation reloads
+ * intact; kvctl snapshot is refused when persistence is off.
  */
 #include <dirent.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -68,21 +76,30 @@ static void seal_prompt(const itest_kvd_t *k)
     kvc_close(&c);
 }
 
-/* A new client looks the prompt up: returns the hits, checking every hit's bytes. */
-static size_t lookup_prompt(const itest_kvd_t *k)
+/* A new client looks the known prompt of `seed` (n pages) up: returns the hits, checking
+ * every hit's bytes. */
+static size_t lookup_known(const itest_kvd_t *k, uint32_t seed, uint32_t n)
 {
     kvc_t *c = itest_connect(k, "reader");
-    uint32_t tok[NPAGES * PT], pages[NPAGES], matched = 0;
-    itest_prompt_tokens(SEED, NPAGES, tok);
+    uint32_t *tok = malloc(sizeof(uint32_t) * n * PT), *pages = malloc(sizeof(uint32_t) * n);
+    assert_true(tok && pages);
+    uint32_t matched = 0;
+    itest_prompt_tokens(seed, n, tok);
     size_t np = 0;
-    assert_int_equal(kvc_lookup(c, tok, NPAGES * PT, NULL, 0, 0, pages, NPAGES, &np, &matched),
-                     KV_ERR_OK);
+    assert_int_equal(kvc_lookup(c, tok, n * PT, NULL, 0, 0, pages, n, &np, &matched), KV_ERR_OK);
     assert_int_equal(matched, np * PT);
-    itest_check_known(c, SEED, pages, np);
+    itest_check_known(c, seed, pages, np);
     if (np)
         assert_int_equal(kvc_release(c, pages, np), KV_ERR_OK);
     kvc_close(&c);
+    free(tok);
+    free(pages);
     return np;
+}
+
+static size_t lookup_prompt(const itest_kvd_t *k)
+{
+    return lookup_known(k, SEED, NPAGES);
 }
 
 /* Path of the newest generation in sdir. */
@@ -269,6 +286,227 @@ static void test_snapshot_async(void **state)
     itest_rmtree(sdir);
 }
 
+/* ---- SIGTERM during an asynchronous write (docs/decisions.md 42) ------------------------ */
+/* kvd's test hook KVD_TEST_SNAPSHOT_HOLD=1 stops every off-loop write after its first slice
+ * and keeps it in flight until the daemon stops, so the state "SIGTERM arrives while a write
+ * is in flight" is reached by waiting on figures (snapshot_slices = 1, snapshot_in_flight =
+ * 1), never by racing a sleep. The geometry is test_snapshot_async's (~270 KB pages, ~31 per
+ * 8 MiB slice): HOLD_A pages are 3 slices, so the held write is really unfinished. */
+#define HOLD_A      70u /* pages sealed before the write: its collection */
+#define HOLD_B      10u /* pages sealed while it is held: only the shutdown snapshot has them */
+#define HOLD_SEED_A 3000u
+#define HOLD_SEED_B 7000u
+
+static const char *const hold_extra[] = {
+    "--snapshot_dir", sdir,  "--lifecycle_ms", "0",   "--layers", "8", "--kv_heads", "8",
+    "--head_dim",     "128", "--pages_fp8",    "300", NULL};
+
+/* Start kvd (hold_extra, snapshot_dir dir) with the hold hook on; the variable is dropped
+ * again at once so that no other daemon of this process inherits it. */
+static void hold_start(itest_kvd_t *k)
+{
+    assert_int_equal(setenv("KVD_TEST_SNAPSHOT_HOLD", "1", 1), 0);
+    itest_kvd_start(k, hold_extra);
+    assert_int_equal(unsetenv("KVD_TEST_SNAPSHOT_HOLD"), 0);
+    log_has(k, "KVD_TEST_SNAPSHOT_HOLD=1");
+}
+
+static void seal_release(const itest_kvd_t *k, uint32_t seed, uint32_t n)
+{
+    kvc_t *c = itest_connect(k, "sealer");
+    uint32_t *pages = malloc(sizeof(uint32_t) * n);
+    assert_non_null(pages);
+    itest_seal_known(c, seed, n, pages);
+    assert_int_equal(kvc_release(c, pages, n), KV_ERR_OK);
+    free(pages);
+    kvc_close(&c);
+}
+
+/* `kvctl --timeout 60000 snapshot` in the background, stdout and stderr into path. */
+static pid_t kvctl_snapshot_bg(const itest_kvd_t *k, const char *path)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test must not leave it behind */
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0)
+            _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+        execl(KVCTL_BIN, KVCTL_BIN, "--endpoint", k->endpoint, "--timeout", "60000", "snapshot",
+              (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Exit status of the background kvctl (waits at most 90 s: its own timeout is 60 s). */
+static int kvctl_wait(pid_t pid)
+{
+    int status = 0;
+    for (int64_t t0 = itest_now_us(); itest_now_us() - t0 < 90000000;) {
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    fail_msg("kvctl snapshot did not exit within 90 s");
+    return -1;
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    char *buf = malloc(1u << 20);
+    assert_non_null(buf);
+    int in = open(from, O_RDONLY), out = open(to, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    assert_true(in >= 0 && out >= 0);
+    ssize_t n;
+    while ((n = read(in, buf, 1u << 20)) > 0)
+        assert_int_equal(write(out, buf, (size_t)n), n);
+    assert_int_equal(n, 0);
+    close(in);
+    assert_int_equal(close(out), 0);
+    free(buf);
+}
+
+/* Generation `gen` of sdir, alone in a fresh directory with the salt: a daemon on it loads
+ * exactly that file. The directory is returned in dir[cap]. */
+static void generation_alone(unsigned gen, char *dir, size_t cap)
+{
+    itest_tmpdir(dir, cap, "kvd-it-snap-gen");
+    char from[512], to[512];
+    snprintf(from, sizeof from, "%s/salt", sdir);
+    snprintf(to, sizeof to, "%s/salt", dir);
+    copy_file(from, to);
+    snprintf(from, sizeof from, "%s/cache.%020u.snap", sdir, gen);
+    snprintf(to, sizeof to, "%s/cache.%020u.snap", dir, gen);
+    copy_file(from, to);
+}
+
+/* A kvctl snapshot is in flight (held after one slice) when SIGTERM arrives. A second kvctl
+ * snapshot meanwhile is refused, naming the write; the daemon keeps serving. SIGTERM: the
+ * held write is completed synchronously and the waiting kvctl gets its answer (generation 1,
+ * HOLD_A pages); the cache did not move since that write's collection, so no shutdown
+ * snapshot follows (decision 35) and the sockets close right after the reply — the case
+ * where a dropped reply would show. Exit status 0 (the ASan build: no leak). A restart loads
+ * generation 1 with every page's bytes as written. */
+static void test_snapshot_sigterm_kvctl(void **state)
+{
+    itest_tmpdir(sdir, sizeof sdir, "kvd-it-snap");
+    itest_kvd_t k;
+    hold_start(&k);
+    seal_release(&k, HOLD_SEED_A, HOLD_A);
+    char kout[400];
+    snprintf(kout, sizeof kout, "%s/kvctl.out", k.dir);
+    pid_t kp = kvctl_snapshot_bg(&k, kout);
+    if (itest_wait_stat(&k, "snapshot_slices", 1, 60000) < 0)
+        fail_msg("the kvctl snapshot wrote no slice in 60 s");
+    /* held: one slice written, the write in flight, the request not answered */
+    assert_int_equal(itest_stat(&k, "snapshot_in_flight"), 1);
+    assert_int_equal(itest_stat(&k, "snapshots_written"), 0);
+    int status;
+    assert_int_equal(waitpid(kp, &status, WNOHANG), 0);
+
+    char out[4096];
+    const char *argv[] = {KVCTL_BIN, "--endpoint", k.endpoint, "snapshot", NULL};
+    assert_int_equal(itest_run(argv, out, sizeof out), 1);
+    if (!strstr(out, "a snapshot is being written, generation 1 (kvctl)"))
+        fail_msg("a second kvctl snapshot during the first said: %s", out);
+    kvc_t *c = itest_connect(&k, "alloc"); /* the loop serves while the write is in flight */
+    uint32_t pg[4];
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 4, pg), KV_ERR_OK);
+    assert_int_equal(kvc_release(c, pg, 4), KV_ERR_OK);
+    kvc_close(&c);
+    assert_true(itest_stat(&k, "snapshot_requests_during") > 0);
+    assert_int_equal(itest_stat(&k, "snapshot_slices"), 1);
+
+    assert_int_equal(itest_kvd_down(&k), 0); /* SIGTERM; clean exit */
+    assert_int_equal(kvctl_wait(kp), 0);
+    char *ko = slurp(kout);
+    assert_non_null(ko);
+    if (!strstr(ko, "snapshot: generation 1, 70 pages"))
+        fail_msg("the kvctl snapshot waiting during SIGTERM said: %s", ko);
+    log_has(&k, "snapshot (kvctl, completed at shutdown): generation 1, 70 pages");
+    log_has(&k, "cache unchanged since generation 1, not rewritten");
+    char path[512];
+    newest(path, sizeof path);
+    assert_non_null(strstr(path, "cache.00000000000000000001.snap"));
+
+    itest_kvd_up(&k, hold_extra);
+    log_has(&k, "snapshot loaded: generation 1");
+    assert_int_equal(itest_stat(&k, "snapshot_load_pages"), HOLD_A);
+    assert_int_equal(itest_stat(&k, "snapshot_load_refused"), 0);
+    assert_int_equal(lookup_known(&k, HOLD_SEED_A, HOLD_A), HOLD_A);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    itest_rmtree(sdir);
+}
+
+/* The periodic write in flight (held after one slice) when SIGTERM arrives, and the cache
+ * moved meanwhile: snapshot_ms starts the write, a kvctl snapshot is refused naming it,
+ * HOLD_B more pages are sealed. SIGTERM completes the held write (generation 1: HOLD_A pages,
+ * its collection), then writes the shutdown snapshot (generation 2: HOLD_A + HOLD_B); exit 0.
+ * Generation 1 alone, then the newest on a restart, each load with every page intact. */
+static void test_snapshot_sigterm_periodic(void **state)
+{
+    itest_tmpdir(sdir, sizeof sdir, "kvd-it-snap");
+    itest_kvd_t k;
+    hold_start(&k);
+    seal_release(&k, HOLD_SEED_A, HOLD_A);
+    char out[4096];
+    const char *on[] = {"config", "set", "snapshot_ms", "5", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, on), 0);
+    if (itest_wait_stat(&k, "snapshot_slices", 1, 60000) < 0)
+        fail_msg("the periodic snapshot wrote no slice in 60 s");
+    assert_int_equal(itest_stat(&k, "snapshot_in_flight"), 1);
+    const char *argv[] = {KVCTL_BIN, "--endpoint", k.endpoint, "snapshot", NULL};
+    assert_int_equal(itest_run(argv, out, sizeof out), 1);
+    if (!strstr(out, "a snapshot is being written, generation 1 (timer)"))
+        fail_msg("kvctl snapshot during the periodic one said: %s", out);
+    seal_release(&k, HOLD_SEED_B, HOLD_B); /* served while the write is in flight */
+    assert_int_equal(itest_stat(&k, "snapshots_written"), 0); /* the timer waits for it */
+    assert_int_equal(itest_stat(&k, "snapshot_slices"), 1);
+
+    assert_int_equal(itest_kvd_down(&k), 0);
+    log_has(&k, "snapshot (timer, completed at shutdown): generation 1, 70 pages");
+    log_has(&k, "snapshot (shutdown): generation 2, 80 pages");
+    char path[512];
+    newest(path, sizeof path);
+    assert_non_null(strstr(path, "cache.00000000000000000002.snap"));
+
+    /* generation 1, the write SIGTERM interrupted, loads whole: HOLD_A pages, B absent */
+    char dir1[64];
+    generation_alone(1, dir1, sizeof dir1);
+    itest_kvd_t k1;
+    const char *extra1[] = {
+        "--snapshot_dir", dir1,  "--lifecycle_ms", "0",   "--layers", "8", "--kv_heads", "8",
+        "--head_dim",     "128", "--pages_fp8",    "300", NULL};
+    itest_kvd_start(&k1, extra1);
+    log_has(&k1, "snapshot loaded: generation 1");
+    assert_int_equal(itest_stat(&k1, "snapshot_load_pages"), HOLD_A);
+    assert_int_equal(itest_stat(&k1, "snapshot_load_refused"), 0);
+    assert_int_equal(lookup_known(&k1, HOLD_SEED_A, HOLD_A), HOLD_A);
+    assert_int_equal(lookup_known(&k1, HOLD_SEED_B, HOLD_B), 0);
+    itest_assert_check(&k1);
+    assert_int_equal(itest_kvd_stop(&k1), 0);
+    itest_rmtree(dir1);
+
+    /* the newest generation on a restart: every page of both prompts, same bytes */
+    itest_kvd_up(&k, hold_extra);
+    log_has(&k, "snapshot loaded: generation 2");
+    assert_int_equal(itest_stat(&k, "snapshot_load_pages"), HOLD_A + HOLD_B);
+    assert_int_equal(itest_stat(&k, "snapshot_load_refused"), 0);
+    assert_int_equal(lookup_known(&k, HOLD_SEED_A, HOLD_A), HOLD_A);
+    assert_int_equal(lookup_known(&k, HOLD_SEED_B, HOLD_B), HOLD_B);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    itest_rmtree(sdir);
+}
+
 /* Persistence off (the default): kvctl snapshot is refused with the reason. */
 static void test_snapshot_off(void **state)
 {
@@ -287,6 +525,8 @@ int main(void)
         cmocka_unit_test(test_snapshot_restart),
         cmocka_unit_test(test_snapshot_periodic),
         cmocka_unit_test(test_snapshot_async),
+        cmocka_unit_test(test_snapshot_sigterm_kvctl),
+        cmocka_unit_test(test_snapshot_sigterm_periodic),
         cmocka_unit_test(test_snapshot_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
