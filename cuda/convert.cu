@@ -4,57 +4,46 @@
  *   FP8 row ──decode──► x[d] ──R (FWHT)──► y ──► TQ3 codes + FP16 γ | scale, zero   (retier)
  *   TQ3 row ──decode──► ŷ ──Rᵀ (FWHT)──► x̂ ──► FP8 codes + f32 scale                (promote)
  *
- * Work split (retier v2, docs/perf.md). A row is one (pair, layer, kind, head, token) and is
- * handled by d/32 consecutive lanes, lane q owning coordinates 32q … 32q+31 — exactly one TQ3
- * group, so its K unit (TQ3 layout 2, kv_format.h) is lane-local. A V unit holds 16
- * coordinates of a token PAIR: the two lanes of a pair (lane and lane ^ d/32, same q) exchange
- * their packed codes with three shuffles and each writes one of the two V units covering
- * their 32 coordinates (chunks hold an even number of tokens and start at an even one, so the
- * partner is always in the warp; with an odd page_tokens the last token's partner is past the
- * end and contributes zero codes). A warp owns a CHUNK of 32/(d/32) consecutive tokens
- * of one head; a task is the chunk's K rows or its V rows of one pair, so every branch on the
- * kind is warp-uniform and a K row never pays for the value grid nor a V row for the key grid
- * search. Retier grid: x = chunks (4 warps per block), y = layer, z = a slice of the pairs; each
- * warp runs the tasks (pair z, K), (z, V), (z + gridDim.z, K), … — K and V alternate so that
- * every warp does the same mix (K rows cost ~10% more) — and loads the next task's row before
- * computing the current one. One wave of blocks; block offsets, sign masks and constants are
- * set up once per warp. Promote: y = layer·2 + kind, one kind per warp, no prefetch.
- * Cost (ncu, d = 128): ~1260 warp instructions per task of 8 rows (≈ 39 per value), issue-bound
- * at IPC 3.0 with 19 warps per SM; docs/perf.md has the breakdown.
+ * Retier (v4, docs/perf.md "retier v4"). The encoder (tq3.c "ENCODING") works on the FP8 codes
+ * r of a row, not on r·scale: w = H·(sign ⊙ r) unnormalised, codes floor(sat(·)·FLOOR8), sums
+ * in the "quad" order below; the scale only enters the stored metadata. Work split: a warp
+ * holds 8 tokens of one (page, layer, kind, head) block, a token the 4 lanes of a quad, lane q
+ * the coordinates (j mod L) + L·q + 4L·(j div L), j < d/4 (L = 16 at d = 64, else 32) — one
+ * or two runs of consecutive bytes, and at d ≥ 128 whole K units (TQ3 layout 2, kv_format.h).
+ * The first four Hadamard stages (coordinate bits 0, 1, log2 L, log2 L + 1) are mma.m16n8k16
+ * with B = H_16: FP8 codes are exact FP16 operands and a sum of 16 of them is exact in FP32,
+ * so the tensor cores give the twin's bits (the comment above Rt maps the fragments); the other
+ * stages are float butterflies in the twin's order. Row sums are per lane pairwise, then the
+ * quad's lanes by xor-shuffles 1, 2 — the twin's quad sums. A V unit holds 16 coordinates of a
+ * token PAIR: the partner token is lane ^ 4; the two lanes exchange half units with shuffles
+ * and each writes every other one (chunks hold 8 tokens starting at a multiple of 8, so the
+ * partner is in the warp; with an odd page_tokens the last token's partner is past the end and
+ * contributes zero codes). Grid: x = chunks (4 warps per block), y = layer, z = a slice of the
+ * pairs; each warp runs its pairs' K and V rows alternately (the same mix of work per warp)
+ * and loads one row ahead, a pair's page ids two rows ahead. One wave of blocks.
+ * Cost (ncu, d = 128): ~630 warp instructions per row of 8 tokens (~20 per value; v2 had
+ * ~1260), issue-bound at IPC ~3.
+ * Promote: y = layer·2 + kind, one kind per warp, d/32 lanes per token (lane q owns the
+ * coordinates 32q … 32q+31), no prefetch.
  *
  * Bit-exactness with the CPU twin (tq3.c, rotate.c, fp8.c spell out their evaluation order):
- *   - rotation signs: the twin multiplies x_i by ±1 (exact); here the sign is XORed into the
- *     FP8 code's sign bit before decoding, which gives the same float (−(f·s) = (−f)·s under
- *     round-to-nearest, ±0 included). The per-coordinate signs (splitmix64) are computed once
- *     per block into shared memory — in v1 they were recomputed per element and cost ~25% of
- *     the instructions;
- *   - the Walsh–Hadamard butterflies run in the twin's stage order h = 1, 2, …, d/2; the stages
- *     h ≥ 32 exchange values between the row's lanes with shuffles; the lower lane's a + b and
- *     the upper lane's a − b are one FFMA each (fma(±1, own, other): one rounding, same bits);
+ *   - rotation signs: the twin multiplies by ±1 (exact); here the sign is XORed into the FP8
+ *     code's sign bit (retier) or into the float's (promote). The per-coordinate signs
+ *     (splitmix64) are computed once per block into shared memory;
  *   - every scalar step uses the twin's operation with explicit round-to-nearest intrinsics
  *     (__fmul_rn, __fadd_rn, …): nvcc would otherwise contract a·b+c into an FMA;
- *   - every row sum (‖k‖², ⟨z, C⟩, ‖C‖² in double; Σy, Σ(y−mean)² in float) is tq3.c's
- *     pairwise sum: each lane builds the sub-tree of its 32 coordinates, the row's lanes add
- *     their partials with xor-shuffles m = 1, 2, 4. The double terms are exact products, so a
- *     leaf k0² + k1² is one DFMA. Metadata is therefore identical, not just within an ulp;
- *   - value min/max are order-free (the twin makes a zero extreme +0);
- *   - (y − zero)/scale: IEEE division by Markstein's correction with the correctly rounded
- *     reciprocal of the row's scale: t = u·r, e = fma(−t, s, u), q = fma(e, r, t) is RN(u/s)
- *     when nothing over- or underflows (scale is an FP16 ≥ 2^-24 and |u/s| stays ≲ 100 here;
- *     a tiny u only moves a quotient that rounds to code 0 anyway). Checked against IEEE
- *     division on 3.3e8 random pairs, quotients near k + ½ included, on the CPU. It runs on
- *     t/8 and r/8 (exact power-of-two scaling) so that the last fma's saturation (fma.rn.sat)
- *     clamps q to [0, 8]; one fminf makes it [0, 7];
- *   - value codes: rint(clamp(q, 0, 7)) by adding 1.5·2^23 (round half to even, as rintf);
- *     the twin clamps after rint, which gives the same code for every q;
- *   - K: code by a 3-compare binary search on the float midpoints (≥, NaN → 0, as tq3.c), C and
- *     C² (double, exact) from a shared-memory table; ÷D of sums is ×(1/D) (D a power of two:
- *     the same correctly rounded value);
- *   - codes go straight to their unit positions with one shift-add each (unit_add); the V
- *     rint's magic constant rides along and is subtracted once per word.
+ *   - codes: t = fma.rn.sat (clamp to [0, 1], NaN → 0, as tq3.c sat01) and one round-down FMA
+ *     t·FLOOR8 + 1.5·2^23 whose low bits are floor(t·FLOOR8) (tq3.c code_of computes the same
+ *     floor of the exact product in double). The magic constant rides along in the shift-adds
+ *     that place the codes in their unit words and is subtracted once per word;
+ *   - K: E = 2c − 7 from the code (exact), ΣE² exact in float in any order, γ and a8 by IEEE
+ *     division and square root as the twin;
+ *   - value min/max are order-free (the twin makes a zero extreme +0).
  * Promote: decode (K: the lane's unit; V: the token's half of two units), inverse rotation
- * (signs multiplied as in rotate.c) and the FP8 row codec, all order-fixed; x/s uses the same
- * Markstein step when the scale is ≥ 2^-100 (IEEE division otherwise, and for non-finite x).
+ * (signs multiplied as in rotate.c, butterflies in its order, the h ≥ 32 stages by shuffles
+ * with fma(±1, own, other): one rounding, same bits) and the FP8 row codec, all order-fixed;
+ * x/s uses Markstein's correction with the correctly rounded reciprocal when the scale is
+ * ≥ 2^-100 (IEEE division otherwise, and for non-finite x).
  */
 #include "kvkern_cuda.h"
 
@@ -120,42 +109,34 @@ template <int LPR> __device__ __forceinline__ void fwht_row(float (&x)[32], uint
     }
 }
 
-/* Pairwise sums (tq3.c), streamed: leaves are pushed in index order and combined like a binary
- * counter (left + right at each level), so at most five partials are live instead of sixteen.
- * finish() adds the row's lanes (xor 1, 2, 4: the upper levels of the same tree). */
-template <typename T> struct PairSum {
-    T lv[5];
-    __device__ __forceinline__ static T add(T a, T b);
-    template <int I> __device__ __forceinline__ void push(T v)
+/* Pairwise sums (tq3.c "quad sums"), streamed: the N leaves of a lane are pushed in order and
+ * combined like a binary counter (left + right at each level), so at most log2(N) + 1 partials
+ * are live. quad() adds the quarters of the token (xor 1, then xor 2): (Q0 + Q1) + (Q2 + Q3) on
+ * every lane, IEEE addition being commutative. */
+template <int N> struct PairSum {
+    static constexpr int K = N == 8 ? 3 : N == 16 ? 4 : 5; /* log2 N */
+    static_assert(N == 8 || N == 16 || N == 32, "a lane has 8, 16 or 32 leaves");
+    float lv[K + 1];
+    template <int I> __device__ __forceinline__ void push(float v)
     {
 #pragma unroll
-        for (int l = 0; l < 5; l++) {
+        for (int l = 0; l < K; l++) {
             if ((I >> l) & 1) {
-                v = add(lv[l], v);
+                v = __fadd_rn(lv[l], v);
             } else {
                 lv[l] = v;
                 return;
             }
         }
-        lv[4] = v; /* I = 15 ends here with the lane's total of 16 leaves */
+        lv[K] = v; /* I = N − 1: the lane's total */
     }
-    template <int LPR> __device__ __forceinline__ T finish()
+    __device__ __forceinline__ float quad() const
     {
-        T v = lv[4];
-#pragma unroll
-        for (int m = 1; m < LPR; m <<= 1)
-            v = add(v, __shfl_xor_sync(0xffffffffu, v, m));
-        return v;
+        float v = lv[K];
+        v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+        return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
     }
 };
-template <> __device__ __forceinline__ double PairSum<double>::add(double a, double b)
-{
-    return __dadd_rn(a, b);
-}
-template <> __device__ __forceinline__ float PairSum<float>::add(float a, float b)
-{
-    return __fadd_rn(a, b);
-}
 
 /* Compile-time loop: f(integral_constant<int, I>) for I = 0 … N−1, so push<I> gets its I. */
 template <int I, int N> struct Unroll {
@@ -222,34 +203,12 @@ __host__ __device__ constexpr uint32_t unit_magic()
     return v;
 }
 
-/* V unit word b from this lane's packed words (own) and its pair partner's (other): the lane
- * of the even token writes the unit of coordinates 32q … 32q+15 (set 0 of both tokens), the
- * lane of the odd token the unit of 32q+16 … 32q+31 (set 1); low half = the even token. */
-__host__ __device__ __forceinline__ uint32_t v_unit_word(uint32_t own, uint32_t other, bool odd)
-{
-#if defined(__CUDA_ARCH__)
-    return __byte_perm(own, other, odd ? 0x3276u : 0x5410u);
-#else
-    return odd ? (other >> 16) | (own & 0xffff0000u) : (own & 0xffffu) | (other << 16);
-#endif
-}
-
 /* RN(a·b + c) clamped to [0, 1] (NaN → 0): PTX fma.rn.sat, one FFMA.SAT. */
 __device__ __forceinline__ float fma_sat(float a, float b, float c)
 {
     float r;
     asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
     return r;
-}
-
-/* Key code #{ j : z ≥ b_j } by binary search on the ascending b (NaN → 0, ties up). */
-__device__ __forceinline__ uint32_t lm_code(float z, const float (&b)[KV_TQ3_LEVELS - 1])
-{
-    const bool p2 = z >= b[3];
-    const bool p1 = z >= (p2 ? b[5] : b[1]);
-    const float bu = p2 ? b[6] : b[2], bl = p2 ? b[4] : b[0];
-    const bool p0 = z >= (p1 ? bu : bl);
-    return (p2 ? 4u : 0u) | (p1 ? 2u : 0u) | (p0 ? 1u : 0u);
 }
 
 /* Sign masks of the rotation: byte k of word i is 0x80 where kv_rot_sign(seed, 4i + k) < 0. */
@@ -265,7 +224,7 @@ template <int D> __device__ __forceinline__ void signs_to_smem(uint32_t *s_sign,
 struct WarpPlace {
     uint64_t slbase, dlbase; /* layer · layer bytes */
     uint32_t head, token; /* token: 0 where !rowok, so that loads stay inside the block */
-    uint32_t vunit;       /* retier: the V unit this lane writes (see the kernel) */
+    uint32_t tpair;       /* token / 2 before that clamp: the V unit row of the token's pair */
     bool rowok, pairok, odd, pad_owner, last_lh; /* last_lh: last layer and last head */
     __device__ __forceinline__ uint64_t soff(const ConvParams &P, uint32_t kind) const
     {
@@ -279,10 +238,11 @@ struct WarpPlace {
     }
 };
 
-template <int D>
+/* LPR lanes per row, 32/LPR rows (tokens) per warp: a warp's rows are chunk tc of its head. */
+template <int LPR>
 __device__ __forceinline__ WarpPlace warp_place(const ConvParams &P, uint32_t wi, uint32_t layer)
 {
-    constexpr uint32_t LPR = D / 32, RPW = 32 / LPR;
+    constexpr uint32_t RPW = 32 / LPR;
     WarpPlace w;
     w.head = (uint32_t)(((uint64_t)wi * P.div_m) >> P.div_sh);
     const uint32_t tc = wi - w.head * P.cpb;
@@ -290,9 +250,9 @@ __device__ __forceinline__ WarpPlace warp_place(const ConvParams &P, uint32_t wi
     /* RPW is even, so a chunk holds whole token pairs and the partner of token raw is in
      * lane ^ LPR; with an odd page_tokens the last pair's second token is past the end */
     w.token = raw;
+    w.tpair = raw >> 1;
     w.odd = raw & 1u;
     w.pairok = (raw & ~1u) < P.tokens;
-    w.vunit = (raw >> 1) * (2 * LPR) + 2 * (threadIdx.x % LPR) + w.odd;
     w.rowok = raw < P.tokens;
     if (!w.rowok)
         w.token = 0;
@@ -323,250 +283,397 @@ __device__ __forceinline__ void zero_pads(const ConvParams &P, const WarpPlace &
             dpage[i] = 0;
 }
 
-/* One FP8 row of task t (pair blockIdx.z + (t/2)·gridDim.z, kind t%2): this lane's 32 codes
- * and the row's scale, or ok = false when the pair is past the batch or outside its pool. */
-template <int D> struct FetchFp8 {
-    uint32_t cw[8];
+/* ---- retier (v4: tensor-core Hadamard stages) -------------------------------------------
+ * A warp holds 8 tokens, a token 4 lanes (its quad, g = lane/4 the token, t = lane%4). Lane t
+ * owns the NV = d/4 coordinates (j mod L) + L·t + 4L·(j div L), j < NV (L = 16 at d = 64, else
+ * 32): one or two runs of L consecutive bytes of the FP8 row, and at d ≥ 128 whole K units.
+ * The Walsh–Hadamard stages over coordinate bits 0, 1, Q, Q+1 (Q = log2 L) are one
+ * mma.m16n8k16 per tile of 8 j's: A row = (token, j bit 2), A column k = (bit 0, t, j bit 1)
+ * ↔ coordinate bits (0, Q, Q+1, 1), B = H_16 in the same index (H is a tensor product of
+ * H_2's, so any bit map applied to both k and n gives the Hadamard over those bits). The
+ * outputs land on the lane's own coordinates: D[(token, b2)][n = (b0, t, b1)]. Inputs are the
+ * FP8 codes (exact in FP16) and the sums of 16 of them are exact in FP32, so these four stages
+ * equal the twin's butterflies bit for bit (tq3.c "ENCODING"); the remaining stages (j bits
+ * 2, 3, …) run as float butterflies in the twin's order. */
+template <int D> struct Rt {
+    static constexpr int L = D == 64 ? 16 : 32; /* consecutive coordinates per run */
+    static constexpr int NV = D / 4;            /* values per lane */
+    static constexpr int NW = NV / 4;           /* FP8 words per lane */
+    static constexpr int NG = NV / 16;          /* 16-coordinate V groups per lane */
+    /* blocks per SM: 96 registers at d = 128 (6 blocks, 80 registers, measured the same) */
+    static constexpr int MINB = D == 256 ? 3 : D == 128 ? 5 : 6;
+};
+
+__device__ __forceinline__ void mma_h16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%10,%10,%10};"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+/* H_16[k][n] = (−1)^popc(k & n) as an f16 pair (k, k + 1) for column n. */
+__device__ __forceinline__ uint32_t h16_pair(uint32_t k, uint32_t n)
+{
+    const uint32_t lo = (__popc(k & n) & 1u) ? 0xBC00u : 0x3C00u;
+    const uint32_t hi = (__popc((k + 1) & n) & 1u) ? 0xBC00u : 0x3C00u;
+    return lo | (hi << 16);
+}
+
+/* This lane's NV FP8 codes of one row and the row's scale (zeros where go is false). */
+template <int D> struct Fp8Row {
+    uint32_t cw[Rt<D>::NW];
     float s;
-    uint32_t dp, kind;
-    bool ok;
-    __device__ __forceinline__ void load(const ConvParams &P, const WarpPlace &w, uint32_t q,
-                                         uint64_t t)
+    __device__ __forceinline__ void load(const ConvParams &P, bool go, uint32_t sp, uint64_t soff,
+                                         uint32_t rowoff, uint32_t token)
     {
-        const uint64_t pair64 = blockIdx.z + (t >> 1) * gridDim.z; /* 64-bit: no wrap */
-        kind = (uint32_t)(t & 1u);
-        ok = false;
+        constexpr int L = Rt<D>::L;
         s = 0.0f;
-        dp = 0;
 #pragma unroll
-        for (int i = 0; i < 8; i++)
+        for (int i = 0; i < Rt<D>::NW; i++)
             cw[i] = 0;
-        if (pair64 >= P.n)
+        if (!go)
             return;
-        const uint32_t sp = __ldg(P.src + pair64);
-        dp = __ldg(P.dst + pair64);
-        if (sp >= P.spages || dp >= P.dpages)
-            return;
-        ok = true;
-        if (!w.rowok)
-            return;
-        const uint8_t *sblk = P.sbase + (uint64_t)sp * P.spage + w.soff(P, kind);
-        const uint4 *c4 = reinterpret_cast<const uint4 *>(sblk + (uint64_t)w.token * D + 32 * q);
-        const uint4 a = __ldg(c4), b = __ldg(c4 + 1);
-        cw[0] = a.x, cw[1] = a.y, cw[2] = a.z, cw[3] = a.w;
-        cw[4] = b.x, cw[5] = b.y, cw[6] = b.z, cw[7] = b.w;
-        s = __ldg(reinterpret_cast<const float *>(sblk + P.smeta_k) + w.token); /* FP8: K = V */
+        const uint8_t *sblk = P.sbase + (uint64_t)sp * P.spage + soff;
+        const uint8_t *row = sblk + rowoff;
+#pragma unroll
+        for (int i = 0; i < Rt<D>::NW / 4; i++) { /* 16 bytes: run i·16/L, offset (i·16) % L */
+            const uint4 a = __ldg(reinterpret_cast<const uint4 *>(row + 4 * L * (16 * i / L) +
+                                                                  (16 * i) % L));
+            cw[4 * i] = a.x, cw[4 * i + 1] = a.y, cw[4 * i + 2] = a.z, cw[4 * i + 3] = a.w;
+        }
+        s = __ldg(reinterpret_cast<const float *>(sblk + P.smeta_k) + token); /* FP8: K = V */
     }
 };
 
-template <int D> __global__ void __launch_bounds__(kThreads, 6) retier_kernel(ConvParams P)
+/* Source and destination page of pair i of this block's slice; false when the pair is past
+ * the batch or outside its pool (the whole warp skips it). */
+__device__ __forceinline__ bool pair_pages(const ConvParams &P, uint64_t i, uint32_t &sp,
+                                           uint32_t &dp)
 {
-    constexpr int LPR = D / 32;
-    __shared__ __align__(16) uint32_t s_sign[D / 4];
-    __shared__ double2 s_cd[KV_TQ3_LEVELS]; /* {C, C²} in double (C² exact) */
-    signs_to_smem<D>(s_sign, P.seed);
-    if (threadIdx.x < KV_TQ3_LEVELS) {
-        const double c = (double)c_centroid[threadIdx.x];
-        s_cd[threadIdx.x] = make_double2(c, c * c);
+    const uint64_t pair = blockIdx.z + i * gridDim.z; /* 64-bit: no wrap */
+    sp = dp = 0;
+    if (pair >= P.n)
+        return false;
+    sp = __ldg(P.src + pair);
+    dp = __ldg(P.dst + pair);
+    return sp < P.spages && dp < P.dpages;
+}
+
+/* Code bits of t ∈ [0, 1]: 1.5·2^23 + floor(t·FLOOR8), the round-down FMA (tq3.c code_of). */
+__device__ __forceinline__ uint32_t code_bits(float t)
+{
+    return __float_as_uint(__fmaf_rd(t, KV_TQ3_FLOOR8, 12582912.0f));
+}
+constexpr uint32_t kCodeMagic = 0x4B400000u; /* the bits of 1.5·2^23: low 22 bits clear */
+
+/* What unit_add adds besides the codes for set-0 pairs only (the V half units): per word. */
+__host__ __device__ constexpr uint32_t unit_magic_lo()
+{
+    uint32_t v = 0;
+    for (int p = 0; p < 5; p++)
+        v += kCodeMagic << (3 * p);
+    return v;
+}
+/* The same for low-half K units at d = 64 (pairs 0-7: word 0 full, word 1 pairs 5-7). */
+__host__ __device__ constexpr uint32_t unit_magic_w1_low8()
+{
+    uint32_t v = 0;
+    for (int p = 0; p < 3; p++)
+        for (int h = 0; h < 2; h++)
+            v += kCodeMagic << (16 * h + 3 * p);
+    return v;
+}
+
+/* Retier one row (this warp's 8 tokens of one block) of kind KIND: decode, rotate, encode,
+ * store codes and metadata. Lanes of the warp take part in every shuffle (warp-uniform). */
+template <int D, int KIND>
+__device__ __forceinline__ void retier_row(const ConvParams &P, const WarpPlace &w, uint32_t q,
+                                           const uint32_t *s_sign, const uint32_t (&hb)[2][2],
+                                           const Fp8Row<D> &row, uint8_t *dpage)
+{
+    constexpr int L = Rt<D>::L, NV = Rt<D>::NV, NW = Rt<D>::NW, NG = Rt<D>::NG;
+    constexpr uint32_t kind = KIND;
+    const float isqd = (float)(1.0 / sqrt((double)D));
+    const float ka8 = kv_tq3_key_a8(D);
+    uint8_t *dblk = dpage + w.doff(P, kind);
+    const float s = row.s;
+    const uint32_t(&cw)[NW] = row.cw;
+
+    /* ---- signs into the FP8 sign bits, FP8 pairs → f16 pairs (j = 2p, 2p + 1) ---- */
+    uint32_t hp[NV / 2];
+#pragma unroll
+    for (int i = 0; i < NW / 4; i++) {
+        const uint32_t at = 4 * L * (16 * i / L) + (16 * i) % L; /* coordinate of word 4i */
+        const uint4 sg = *reinterpret_cast<const uint4 *>(
+            reinterpret_cast<const uint8_t *>(s_sign) + L * q + at);
+        const uint32_t sgw[4] = {sg.x, sg.y, sg.z, sg.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t v = cw[4 * i + k] ^ sgw[k];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
+                    (__nv_fp8x2_storage_t)((v >> (16 * hh)) & 0xffffu), __NV_E4M3);
+                hp[2 * (4 * i + k) + hh] = (uint32_t)hr.x | ((uint32_t)hr.y << 16);
+            }
+        }
     }
+    /* ---- Hadamard stages over coordinate bits 0, 1, Q, Q+1 on the tensor cores ---- */
+    float x[NV];
+#pragma unroll
+    for (int T = 0; T < NV / 8; T++) {
+        const uint32_t a[4] = {hp[4 * T], hp[4 * T + 2], hp[4 * T + 1], hp[4 * T + 3]};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float c[4];
+            mma_h16(c, a, hb[h][0], hb[h][1]);
+            x[8 * T + 2 * h] = c[0];
+            x[8 * T + 2 * h + 1] = c[1];
+            x[8 * T + 2 * h + 4] = c[2];
+            x[8 * T + 2 * h + 5] = c[3];
+        }
+    }
+    /* ---- the other stages: j bits 2, 3, … in ascending order (tq3.c) ---- */
+#pragma unroll
+    for (int hs = 4; hs < NV; hs <<= 1) {
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            if ((j & hs) == 0) {
+                const float a = x[j], b = x[j + hs];
+                x[j] = __fadd_rn(a, b);
+                x[j + hs] = __fsub_rn(a, b);
+            }
+        }
+    }
+
+    if constexpr (KIND == KV_KIND_K) {
+        /* ---- keys: ‖w‖², codes floor(sat(w·a8 + ½)·FLOOR8), E = 2c − 7, ⟨w, E⟩, ΣE² ---- */
+        constexpr int NU = NV >= 32 ? NV / 32 : 1; /* K units (d = 64: half of one) */
+        PairSum<NV / 2> t2;
+        Unroll<0, NV / 2>::run([&](auto I) {
+            const float a = x[2 * I], b = x[2 * I + 1];
+            t2.push<I>(__fmaf_rn(b, b, __fmul_rn(a, a)));
+        });
+        const float nw2 = t2.quad();
+        const bool live = nw2 > 0.0f && nw2 <= FLT_MAX && fabsf(s) <= FLT_MAX && s != 0.0f;
+        const float a8 = __fdiv_rn(ka8, __fsqrt_rn(nw2));
+        uint32_t pk[NU][3], c15[NU][2] = {};
+#pragma unroll
+        for (int u = 0; u < NU; u++)
+            pk[u][0] = pk[u][1] = pk[u][2] = 0u;
+        float ee = 0.0f; /* Σ E²: odd integers ≤ 49·d, exact in any order */
+        PairSum<NV / 2> td;
+        Unroll<0, NV / 2>::run([&](auto I) {
+            float e[2];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int j = 2 * I + u, jj = j % 32; /* unit j / 32, position jj */
+                const uint32_t cb = code_bits(fma_sat(x[j], a8, 0.5f));
+                if (jj < 30)
+                    unit_add(pk[j / 32], jj / 2, jj & 1, cb);
+                else
+                    c15[j / 32][jj & 1] = cb;
+                const float cf = __fsub_rn(__uint_as_float(cb), 12582912.0f);
+                e[u] = __fmaf_rn(cf, 2.0f, -7.0f);
+                ee = __fmaf_rn(e[u], e[u], ee);
+            }
+            td.push<I>(__fmaf_rn(x[2 * I + 1], e[1], __fmul_rn(x[2 * I], e[0])));
+        });
+        const float dot = td.quad();
+        ee = __fadd_rn(ee, __shfl_xor_sync(0xffffffffu, ee, 1));
+        ee = __fadd_rn(ee, __shfl_xor_sync(0xffffffffu, ee, 2));
+        uint16_t nb = 0;
+        if (live)
+            nb = half_sat_bits(
+                __fdiv_rn(__fmul_rn(s, dot), __fmul_rn(KV_TQ3_KEY_HALF_STEP, ee)));
+        if (w.rowok && q == 0)
+            reinterpret_cast<uint16_t *>(dblk + P.dmeta_k)[w.token] = nb;
+        if constexpr (D >= 128) {
+#pragma unroll
+            for (int u = 0; u < NU; u++) {
+#pragma unroll
+                for (int b = 0; b < 3; b++)
+                    pk[u][b] = live ? pk[u][b] - unit_magic() : 0u;
+                if (live)
+                    unit_add15(pk[u], c15[u][0], c15[u][1]);
+            }
+            if (w.rowok) { /* units q and q + 4 of the token */
+#pragma unroll
+                for (int u = 0; u < NU; u++) {
+                    uint32_t *wp = reinterpret_cast<uint32_t *>(dblk) +
+                                   ((uint64_t)w.token * (D / 32) + q + 4 * u) * 3;
+                    wp[0] = pk[u][0];
+                    wp[1] = pk[u][1];
+                    wp[2] = pk[u][2];
+                }
+            }
+        } else {
+            /* d = 64: lane q holds coordinates 16q … 16q+15, the low (q even) or high half
+             * of unit q/2. Packed as pairs 0-7; an odd lane moves them to pairs 8-15 (word
+             * 1 slots 3-4, word 2 slots 0-4, pair 15) and the even lane adds them in. */
+            constexpr uint32_t S01 = 0x003F003Fu, S012 = 0x01FF01FFu; /* slots, both sets */
+            uint32_t l0 = pk[0][0] - unit_magic(), l1 = pk[0][1] - unit_magic_w1_low8();
+            uint32_t hi[3] = {0u, (l0 & S01) << 9, ((l0 >> 6) & S012) | ((l1 & S01) << 9)};
+            unit_add15(hi, (l1 >> 6) & 7u, (l1 >> 22) & 7u);
+            const bool odd_q = q & 1u;
+            uint32_t own[3] = {odd_q ? hi[0] : l0, odd_q ? hi[1] : l1, odd_q ? hi[2] : 0u};
+#pragma unroll
+            for (int b = 0; b < 3; b++) {
+                own[b] = live ? own[b] : 0u;
+                own[b] |= __shfl_xor_sync(0xffffffffu, own[b], 1);
+            }
+            if (w.rowok && !odd_q) {
+                uint32_t *wp = reinterpret_cast<uint32_t *>(dblk) +
+                               ((uint64_t)w.token * 2 + q / 2) * 3;
+                wp[0] = own[0];
+                wp[1] = own[1];
+                wp[2] = own[2];
+            }
+        }
+    } else {
+        /* ---- values: min/max, Σw, Σw² on w; grid in w units, stored in x units ---- */
+        float lo = x[0], hi = x[0];
+#pragma unroll
+        for (int j = 1; j < NV; j++) {
+            lo = fminf(lo, x[j]);
+            hi = fmaxf(hi, x[j]);
+        }
+#pragma unroll
+        for (int m = 1; m < 4; m <<= 1) {
+            lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, m));
+            hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, m));
+        }
+        lo = __fadd_rn(lo, 0.0f); /* zero extremes are +0 (tq3.c) */
+        hi = __fadd_rn(hi, 0.0f);
+        PairSum<NV / 2> ts, t2;
+        Unroll<0, NV / 2>::run([&](auto I) {
+            const float a = x[2 * I], b = x[2 * I + 1];
+            ts.push<I>(__fadd_rn(a, b));
+            t2.push<I>(__fmaf_rn(b, b, __fmul_rn(a, a)));
+        });
+        const float sum = ts.quad(), sq = t2.quad();
+        const bool bad = !(sq <= FLT_MAX) || !(fabsf(s) <= FLT_MAX);
+        uint16_t zh = 0, sh = 0;
+        float a8 = 0.0f, b8 = 0.0f; /* codes 0 unless set below */
+        if (!bad) {
+            const float mean = __fmul_rn(sum, 1.0f / D); /* = sum/D exactly: D = 2^k */
+            float var = __fmaf_rn(-mean, mean, __fmul_rn(sq, 1.0f / D));
+            var = var > 0.0f ? var : 0.0f;
+            const float step = __fmul_rn(KV_TQ3_VALUE_STEP_SIGMAS, __fsqrt_rn(var));
+            float z0 = lo, s0 = __fdiv_rn(__fsub_rn(hi, lo), 7.0f);
+            if (step < s0) { /* the clipped MSE-optimal grid is narrower than min/max */
+                z0 = __fsub_rn(mean, __fmul_rn(3.5f, step));
+                s0 = step;
+            }
+            const float k = __fmul_rn(s, isqd);
+            zh = half_sat_bits(__fmul_rn(z0, k));
+            sh = half_sat_bits(__fmul_rn(s0, k));
+            const float zz = half_bits_to_float(zh), sv = half_bits_to_float(sh);
+            if (sv != 0.0f) {
+                a8 = __fmul_rn(__fdiv_rn(k, sv), 0.125f);
+                b8 = __fmaf_rn(__fdiv_rn(-zz, sv), 0.125f, 0.0625f);
+            }
+        }
+        if (w.rowok && q == 0) {
+            uint16_t *m = reinterpret_cast<uint16_t *>(dblk + P.dmeta_v);
+            m[w.token] = sh;
+            m[P.tokens + w.token] = zh;
+        }
+        /* a8 = b8 = 0 gives t = 0: codes 0 */
+        uint32_t pv[NG][3], c15[NG];
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+            pv[g][0] = pv[g][1] = pv[g][2] = 0u;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            const uint32_t cb = code_bits(fma_sat(x[j], a8, b8));
+            if (j % 16 < 15)
+                unit_add(pv[j / 16], j % 16, 0, cb);
+            else
+                c15[j / 16] = cb;
+        }
+        /* a token past the page end (the partner of an odd page's last token): codes 0 */
+#pragma unroll
+        for (int g = 0; g < NG; g++) {
+#pragma unroll
+            for (int b = 0; b < 3; b++)
+                pv[g][b] = w.rowok ? pv[g][b] - unit_magic_lo() : 0u;
+            unit_add15(pv[g], w.rowok ? c15[g] : 0u, 0u);
+        }
+        /* V unit (token pair, 16-group) = even token's codes low, odd token's high: the
+         * partner token is lane ^ 4; the even token's lane writes groups 0, 2, …, the odd
+         * one's groups 1, 3, … (at d = 64, one group: the even lane writes it) */
+#pragma unroll
+        for (int g2 = 0; g2 < (NG + 1) / 2; g2++) {
+            const int ge = 2 * g2, go = NG > 1 ? 2 * g2 + 1 : 0;
+            const int gw = w.odd && NG > 1 ? go : ge; /* the group this lane writes */
+            uint32_t word[3];
+#pragma unroll
+            for (int b = 0; b < 3; b++) {
+                const uint32_t own = w.odd ? pv[go][b] : pv[ge][b];
+                const uint32_t send = NG > 1 ? (w.odd ? pv[ge][b] : pv[go][b]) : pv[ge][b];
+                const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, 4);
+                word[b] = NG > 1 ? (w.odd ? __byte_perm(recv, own, 0x5410u)
+                                          : __byte_perm(own, recv, 0x5410u))
+                                 : __byte_perm(own, recv, 0x5410u);
+            }
+            const uint32_t g16 = L == 16 ? q : 2 * q + (gw % 2) + 8 * (gw / 2);
+            if (w.pairok && (NG > 1 || !w.odd)) {
+                uint32_t *wp = reinterpret_cast<uint32_t *>(dblk) +
+                               ((uint64_t)w.tpair * (D / 16) + g16) * 3;
+                wp[0] = word[0];
+                wp[1] = word[1];
+                wp[2] = word[2];
+            }
+        }
+    }
+    zero_pads(P, w, kind, dpage, dblk);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, Rt<D>::MINB) retier_kernel(ConvParams P)
+{
+    constexpr int L = Rt<D>::L;
+    __shared__ __align__(16) uint32_t s_sign[D / 4];
+    signs_to_smem<D>(s_sign, P.seed);
     __syncthreads();
 
     const uint32_t wi = blockIdx.x * kWarps + (threadIdx.x >> 5);
     if (wi >= P.heads * P.cpb)
         return; /* whole warp */
-    const uint32_t q = threadIdx.x % LPR;
-    const WarpPlace w = warp_place<D>(P, wi, blockIdx.y);
-    /* this lane's sign masks, re-read per task (two 16-byte LDS) to keep 8 registers free */
-    const uint4 *sg4 = reinterpret_cast<const uint4 *>(s_sign) + 2 * q;
-    float bnd[KV_TQ3_LEVELS - 1];
+    const uint32_t lane = threadIdx.x & 31u, q = lane & 3u;
+    const WarpPlace w = warp_place<4>(P, wi, blockIdx.y);
+    /* B fragments of H_16 for the two n-tiles: k = 2q (+1), 2q + 8 (+9); n = 8h + lane/4 */
+    uint32_t hb[2][2];
 #pragma unroll
-    for (int j = 0; j < KV_TQ3_LEVELS - 1; j++)
-        bnd[j] = __fmul_rn(0.5f, __fadd_rn(c_centroid[j], c_centroid[j + 1]));
-    const float inv = (float)(1.0 / sqrt((double)D));
-    const float sqd = __fsqrt_rn((float)D);
+    for (int h = 0; h < 2; h++) {
+        hb[h][0] = h16_pair(2 * q, 8 * h + (lane >> 2));
+        hb[h][1] = h16_pair(2 * q + 8, 8 * h + (lane >> 2));
+    }
+    const uint32_t rowoff = w.token * D + L * q; /* this lane's first byte in a block */
+    const uint64_t soff_k = w.soff(P, KV_KIND_K), soff_v = w.soff(P, KV_KIND_V);
 
-    /* Tasks alternate K and V rows of the same chunk, pair after pair, so every warp does the
-     * same mix of work (K rows cost ~10% more; a warp of one kind would finish early and leave
-     * a tail). Software pipeline: the next task's row is loaded before this one is computed,
-     * so the load latency hides behind ~1000 instructions. */
-    /* pairs of this slice (64-bit so that n close to 2^32 cannot wrap) */
+    /* Pair after pair, K then V rows of the same chunk, so that every warp does the same mix of
+     * work. Software pipeline: a row is loaded one row ahead (the V row of pair i while K is
+     * computed, the K row of pair i + 1 while V is), a pair's page ids two rows ahead. */
     const uint64_t per =
         P.n > blockIdx.z ? ((uint64_t)P.n - blockIdx.z + gridDim.z - 1) / gridDim.z : 0;
-    FetchFp8<D> cur, nxt;
-    cur.load(P, w, q, 0);
-    for (uint64_t t = 0; t < 2 * per; t++) {
-        nxt.load(P, w, q, t + 1);
-        if (!cur.ok) { /* pair outside its pool: skipped by the whole warp */
-            cur = nxt;
-            continue;
-        }
-        const uint32_t kind = cur.kind;
-        uint8_t *dpage = P.dbase + (uint64_t)cur.dp * P.dpage;
-        uint8_t *dblk = dpage + w.doff(P, kind);
-        const float s = cur.s;
-        uint32_t cw[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            cw[i] = cur.cw[i];
-        cur = nxt;
-
-        /* ---- rotation signs, decode: x = ±fp8 · scale ---- */
-        const uint4 ga = sg4[0], gb = sg4[1];
-        const uint32_t sg[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
-        float x[32];
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const uint32_t v = cw[i] ^ sg[i];
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
-                    (__nv_fp8x2_storage_t)((v >> (16 * hh)) & 0xffffu), __NV_E4M3);
-                const float2 f = __half22float2(__half2(hr));
-                x[4 * i + 2 * hh] = __fmul_rn(f.x, s);
-                x[4 * i + 2 * hh + 1] = __fmul_rn(f.y, s);
-            }
-        }
-
-        /* ---- ‖x‖² (K only; squares of ±x are the same) ---- */
-        double ss = 0.0;
-        if (kind == KV_KIND_K) {
-            PairSum<double> t;
-            Unroll<0, 16>::run([&](auto I) {
-                const double a = (double)x[2 * I], b = (double)x[2 * I + 1];
-                t.push<I>(__fma_rn(b, b, __dmul_rn(a, a)));
-            });
-            ss = t.finish<LPR>();
-        }
-
-        /* ---- y = R x ---- */
-        fwht_row<LPR>(x, q);
-#pragma unroll
-        for (int j = 0; j < 32; j++)
-            x[j] = __fmul_rn(x[j], inv);
-
-        uint32_t pk[3] = {0u, 0u, 0u};
-        if (kind == KV_KIND_K) {
-            const float nrm = __double2float_rn(__dsqrt_rn(ss));
-            const bool live = nrm > 0.0f && nrm <= FLT_MAX;
-            const float sc = __fdiv_rn(sqd, nrm);
-            PairSum<double> td, tc;
-            Unroll<0, 16>::run([&](auto I) {
-                constexpr int i = I;
-                const float z0 = __fmul_rn(x[2 * i], sc), z1 = __fmul_rn(x[2 * i + 1], sc);
-                const uint32_t c0 = lm_code(z0, bnd), c1 = lm_code(z1, bnd);
-                if (i < 15) { /* pair i = coordinates 2i (set 0), 2i + 1 (set 1) */
-                    unit_add(pk, i, 0, c0);
-                    unit_add(pk, i, 1, c1);
-                } else {
-                    unit_add15(pk, c0, c1);
-                }
-                const double2 k0 = s_cd[c0], k1 = s_cd[c1];
-                td.push<i>(__fma_rn((double)z1, k1.x, __dmul_rn((double)z0, k0.x)));
-                tc.push<i>(__dadd_rn(k0.y, k1.y));
-            });
-            const double dot = td.finish<LPR>(), cc = tc.finish<LPR>();
-            uint16_t nb = 0;
-            if (live) {
-                /* ÷D: D is a power of two, so ×(1/D) is the same correctly rounded value */
-                const double beta = __dmul_rn(dot, 1.0 / D), c2 = __dmul_rn(cc, 1.0 / D);
-                nb = half_sat_bits(__double2float_rn(__ddiv_rn(__dmul_rn((double)nrm, beta), c2)));
-            } else {
-#pragma unroll
-                for (int b = 0; b < 3; b++)
-                    pk[b] = 0;
-            }
-            if (w.rowok && q == 0)
-                reinterpret_cast<uint16_t *>(dblk + P.dmeta_k)[w.token] = nb;
-        } else {
-            float lo = x[0], hi = x[0];
-#pragma unroll
-            for (int j = 0; j < 32; j++) {
-                lo = fminf(lo, x[j]);
-                hi = fmaxf(hi, x[j]);
-            }
-            PairSum<float> ts;
-            Unroll<0, 16>::run([&](auto I) { ts.push<I>(__fadd_rn(x[2 * I], x[2 * I + 1])); });
-            const float sum = ts.finish<LPR>();
-            /* a non-finite y makes the sum non-finite; the exact test runs only then */
-            uint32_t bad = 0;
-            if (!isfinite(sum)) {
-#pragma unroll
-                for (int j = 0; j < 32; j++)
-                    bad |= isfinite(x[j]) ? 0u : 1u;
-            }
-            bad = row_or<LPR>(bad);
-            lo = __fadd_rn(row_min<LPR>(lo), 0.0f); /* zero extremes are +0 (tq3.c) */
-            hi = __fadd_rn(row_max<LPR>(hi), 0.0f);
-            const float mean = __fmul_rn(sum, 1.0f / D); /* = sum/D exactly: D = 2^k */
-            PairSum<float> tv;
-            Unroll<0, 16>::run([&](auto I) {
-                const float e0 = __fsub_rn(x[2 * I], mean), e1 = __fsub_rn(x[2 * I + 1], mean);
-                tv.push<I>(__fadd_rn(__fmul_rn(e0, e0), __fmul_rn(e1, e1)));
-            });
-            const float var = tv.finish<LPR>();
-            uint16_t zh = 0, sh = 0;
-            uint32_t c15[2];
-            if (!bad) {
-                const float step =
-                    __fmul_rn(KV_TQ3_VALUE_STEP_SIGMAS, __fsqrt_rn(__fmul_rn(var, 1.0f / D)));
-                float z0 = lo, s0 = __fdiv_rn(__fsub_rn(hi, lo), 7.0f);
-                if (step < s0) { /* the clipped MSE-optimal grid is narrower than min/max */
-                    z0 = __fsub_rn(mean, __fmul_rn(3.5f, step));
-                    s0 = step;
-                }
-                zh = half_sat_bits(z0);
-                sh = half_sat_bits(s0);
-                const float zz = half_bits_to_float(zh), sv = half_bits_to_float(sh);
-                if (sv > 0.0f) {
-                    /* everything ÷8 (exact) so that the fma's saturation clamps q to [0, 8] */
-                    const float rs8 = __fmul_rn(__frcp_rn(sv), 0.125f), s8 = __fmul_rn(sv, 8.0f);
-#pragma unroll
-                    for (int j = 0; j < 32; j++) {
-                        const float u = __fsub_rn(x[j], zz);
-                        const float t8 = __fmul_rn(u, rs8);
-                        const float q8 = fminf(fma_sat(__fmaf_rn(-t8, s8, u), rs8, t8), 0.875f);
-                        /* 1.5·2^23 + k has k in its low bits: rint, half to even */
-                        const uint32_t qm = __float_as_uint(__fmaf_rn(q8, 8.0f, 12582912.0f));
-                        if ((j & 15) < 15) /* pair j%16 of set j/16 */
-                            unit_add(pk, j & 15, j >> 4, qm);
-                        else
-                            c15[j >> 4] = qm; /* low bits: the code (0x4B400000 has none) */
-                    }
-                    /* remove the constant 0x4B400000 that every add carried along */
-#pragma unroll
-                    for (int b = 0; b < 3; b++)
-                        pk[b] -= unit_magic();
-                    unit_add15(pk, c15[0], c15[1]);
-                }
-            }
-            if (w.rowok && q == 0) {
-                uint16_t *m = reinterpret_cast<uint16_t *>(dblk + P.dmeta_v);
-                m[w.token] = sh;
-                m[P.tokens + w.token] = zh;
-            }
-        }
-        /* a token past the page end (the partner of an odd page's last token) has codes 0 */
-        if (!w.rowok) {
-#pragma unroll
-            for (int b = 0; b < 3; b++)
-                pk[b] = 0;
-        }
-        uint64_t unit = (uint64_t)w.token * LPR + q; /* K: unit (token, q) */
-        bool store = w.rowok;
-        if (kind == KV_KIND_V) { /* warp-uniform: every lane takes part in the shuffles */
-#pragma unroll
-            for (int b = 0; b < 3; b++)
-                pk[b] = v_unit_word(pk[b], __shfl_xor_sync(0xffffffffu, pk[b], LPR), w.odd);
-            unit = w.vunit;
-            store = w.pairok;
-        }
-        if (store) {
-            uint32_t *wp = reinterpret_cast<uint32_t *>(dblk) + unit * 3;
-            wp[0] = pk[0];
-            wp[1] = pk[1];
-            wp[2] = pk[2];
-        }
-        zero_pads(P, w, kind, dpage, dblk);
+    uint32_t sp, dp;
+    bool ok = pair_pages(P, 0, sp, dp);
+    Fp8Row<D> rk, rv;
+    rk.load(P, ok && w.rowok, sp, soff_k, rowoff, w.token);
+    for (uint64_t i = 0; i < per; i++) {
+        const bool ok_i = ok;
+        uint8_t *dpage = P.dbase + (uint64_t)dp * P.dpage;
+        rv.load(P, ok_i && w.rowok, sp, soff_v, rowoff, w.token);
+        ok = pair_pages(P, i + 1, sp, dp);
+        if (ok_i)
+            retier_row<D, KV_KIND_K>(P, w, q, s_sign, hb, rk, dpage);
+        rk.load(P, ok && w.rowok, sp, soff_k, rowoff, w.token);
+        if (ok_i)
+            retier_row<D, KV_KIND_V>(P, w, q, s_sign, hb, rv, dpage);
     }
 }
 
@@ -584,7 +691,7 @@ template <int D> __global__ void __launch_bounds__(kThreads) promote_kernel(Conv
     if (wi >= P.heads * P.cpb)
         return;
     const uint32_t q = threadIdx.x % LPR;
-    const WarpPlace w = warp_place<D>(P, wi, blockIdx.y >> 1);
+    const WarpPlace w = warp_place<LPR>(P, wi, blockIdx.y >> 1);
     const uint32_t kind = blockIdx.y & 1u;
     uint32_t sg[8];
 #pragma unroll
@@ -689,9 +796,9 @@ template <int D> __global__ void __launch_bounds__(kThreads) promote_kernel(Conv
 
 /* Blocks of the retier (promote) kernel resident on the whole GPU: SM count × blocks per SM,
  * queried once (attributes only, no stream work, so a launch stays capturable). */
-int resident_blocks(bool retier)
+template <int D> int resident_blocks(bool retier)
 {
-    static int cached[2] = {0, 0};
+    static int cached[2] = {0, 0}; /* per kernel instance; a racing first call computes twice */
     if (cached[retier] > 0)
         return cached[retier];
     int dev = 0, sms = 0, per = 0;
@@ -700,8 +807,8 @@ int resident_blocks(bool retier)
         return 1024; /* a plain guess; only the grid size depends on it */
     const cudaError_t e =
         retier
-            ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, retier_kernel<128>, kThreads, 0)
-            : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, promote_kernel<128>, kThreads, 0);
+            ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, retier_kernel<D>, kThreads, 0)
+            : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, promote_kernel<D>, kThreads, 0);
     if (e != cudaSuccess)
         return 1024;
     cached[retier] = sms * (per > 0 ? per : 1);
@@ -751,7 +858,8 @@ kvk_status_t convert_launch(bool retier, const kv_geom_t *g, const kv_pools_t *p
     P.heads = g->kv_heads;
     P.tokens = g->page_tokens;
     P.layers = g->layers;
-    const uint32_t rpw = 32u / (g->head_dim / 32u); /* rows (tokens) per warp */
+    /* rows (tokens) per warp: retier 8 (a quad per token), promote 32/(d/32) */
+    const uint32_t rpw = retier ? 8u : 32u / (g->head_dim / 32u);
     P.cpb = (g->page_tokens + rpw - 1) / rpw;
     /* ⌊w/cpb⌋ for w < 2^31 (Granlund–Montgomery): l = ⌈log2 cpb⌉, m = ⌈2^(31+l)/cpb⌉ ≤ 2^31 */
     uint32_t l = 0;
@@ -765,7 +873,9 @@ kvk_status_t convert_launch(bool retier, const kv_geom_t *g, const kv_pools_t *p
     const uint32_t gx = (chunks + kWarps - 1) / kWarps, gy = (retier ? 1u : 2u) * g->layers;
     /* one wave of resident blocks; each warp then loops over its pairs (a second wave would
      * only add a tail) */
-    const uint64_t want = (uint64_t)resident_blocks(retier);
+    const uint64_t want = (uint64_t)(g->head_dim == 64    ? resident_blocks<64>(retier)
+                                     : g->head_dim == 128 ? resident_blocks<128>(retier)
+                                                          : resident_blocks<256>(retier));
     uint64_t gz = (want + (uint64_t)gx * gy - 1) / ((uint64_t)gx * gy);
     gz = gz < 1 ? 1 : gz > n ? n : gz > 65535 ? 65535 : gz;
     const dim3 grid(gx, gy, (uint32_t)gz), block(kThreads);
