@@ -11,7 +11,8 @@
  *   append   fp16 or bf16 rows into a poisoned FP8 pool, every slot of every page, random
  *            order; the whole pool must equal kv_fp8_append's, byte for byte;
  *   retier   half of the FP8 pages → TQ3 (batch), a third of their rows crafted edge cases
- *            (zeros of both signs, NaN code, scale 0 / 1e30 / subnormal, constant rows);
+ *            (zeros of both signs, NaN code, scale 0 / 1e30 / subnormal, constant rows,
+ *            uniformly random codes: 448 and 2^-9 in one tensor-core group);
  *            codes compared one by one through kv_tq3_get (layout 2; mismatches counted,
  *            must be 0), FP16 metadata and every other byte — the unit words themselves, the
  *            zero high codes of an odd page's last V pair, padding — must be identical
@@ -246,6 +247,18 @@ static void run_geometry(const Geo &G, bool small, bool attn)
                                 c[rnd() % d] = 0x7f; /* NaN */
                             if (pat >= 3 && pat <= 5)
                                 sc[t] = pat == 3 ? 0.0f : pat == 4 ? 1e30f : 1e-40f;
+                            /* every other ±0 row: uniformly random non-NaN codes, so that ±448
+                             * and 2^-9 meet in one tensor-core group (exact only because FP32
+                             * holds 22 bits); drawn from splitmix, not rnd(), so that the
+                             * stream of the tests below is unchanged */
+                            if (pat == 0 && (t / 3) % 2 == 1)
+                                for (uint32_t i = 0; i < d; i++) {
+                                    uint8_t b = (uint8_t)kv_splitmix64(
+                                        ((uint64_t)p << 40) ^ ((uint64_t)l << 28) ^
+                                        ((uint64_t)h << 20) ^ ((uint64_t)t << 9) ^ i ^
+                                        ((uint64_t)kind << 60));
+                                    c[i] = (b & 0x7f) == 0x7f ? (uint8_t)(b & 0xfe) : b;
+                                }
                         }
                     }
         h2d(d8, h8.data(), h8.size());
