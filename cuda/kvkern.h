@@ -49,6 +49,13 @@ void kv_tq3_encode_key_scaled(uint64_t seed, uint32_t d, const float *r, float s
                               uint16_t *norm);
 void kv_tq3_encode_value_scaled(uint64_t seed, uint32_t d, const float *r, float s,
                                 uint8_t *codes, uint16_t *scale, uint16_t *zero);
+/* Promote one TQ3 row to an FP8 row (codes [d], f32 scale) exactly as the GPU does (tq3.c
+ * "promote"): the FP8 codec's scale of the decoded row, codes from the exact integer transform
+ * of the TQ3 codes. */
+void kv_tq3_key_to_fp8(uint64_t seed, uint32_t d, const uint8_t *codes, uint16_t norm,
+                       uint8_t *fp8, float *scale);
+void kv_tq3_value_to_fp8(uint64_t seed, uint32_t d, const uint8_t *codes, uint16_t scale,
+                         uint16_t zero, uint8_t *fp8, float *fscale);
 void kv_tq3_decode_value(uint64_t seed, uint32_t d, const uint8_t *codes, uint16_t scale,
                          uint16_t zero, float *v);
 

@@ -150,6 +150,31 @@ static void tq3_block_get(const kv_geom_t *g, int kind, const uint8_t *blk, uint
     }
 }
 
+/* Promote row t of TQ3 block sb into FP8 block db (kv_tq3_*_to_fp8). */
+static void tq3_block_to_fp8(const kv_geom_t *g, int kind, const uint8_t *sb, uint32_t t,
+                             uint8_t *db)
+{
+    uint32_t words[TQ3_RUN_MAX_WORDS];
+    uint8_t codes[KV_MAX_HEAD_DIM];
+    uint64_t meta = kv_block_meta_offset(g, KV_FMT_TQ3, kind), d = g->head_dim;
+    tq3_run_t r = tq3_run(g, kind, t);
+    uint16_t a, b;
+    float s;
+    memcpy(words, sb + r.first * KV_TQ3_UNIT_WORDS * sizeof(uint32_t),
+           (size_t)r.units * KV_TQ3_UNIT_WORDS * sizeof(uint32_t));
+    for (uint32_t i = 0; i < g->head_dim; i++)
+        codes[i] = (uint8_t)kv_tq3_get(words, kind, g->head_dim, r.t, i);
+    memcpy(&a, sb + meta + (uint64_t)t * 2, 2);
+    if (kind == KV_KIND_K) {
+        kv_tq3_key_to_fp8(g->seed, g->head_dim, codes, a, db + t * d, &s);
+    } else {
+        memcpy(&b, sb + meta + (uint64_t)g->page_tokens * 2 + (uint64_t)t * 2, 2);
+        kv_tq3_value_to_fp8(g->seed, g->head_dim, codes, a, b, db + t * d, &s);
+    }
+    memcpy(db + kv_block_meta_offset(g, KV_FMT_FP8, KV_KIND_K) + (uint64_t)t * sizeof(float), &s,
+           sizeof s);
+}
+
 int kv_fp8_append(const kv_geom_t *g, const kv_pools_t *pools, const kv_dir_entry_t *dir,
                   uint32_t dir_len, uint32_t layer, uint32_t ntok, const uint32_t *slot_page,
                   const uint32_t *slot_idx, const float *k, const float *v)
@@ -202,9 +227,8 @@ static int page_convert(const kv_geom_t *g, kv_fmt_t sf, const uint8_t *src, kv_
                     if (sf == KV_FMT_FP8) { /* retier: the TQ3 encoder sees codes and scale */
                         float s = fp8_block_codes(g, sb, t, x);
                         tq3_block_put(g, kind, db, t, x, s);
-                    } else {
-                        tq3_block_get(g, kind, sb, t, x);
-                        fp8_block_put(g, db, t, x);
+                    } else { /* promote: codes and metadata straight to the FP8 row */
+                        tq3_block_to_fp8(g, kind, sb, t, db);
                     }
                 }
             }

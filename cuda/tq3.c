@@ -64,7 +64,9 @@
  */
 #include "kvkern.h"
 
+#include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const float tq3_centroid[KV_TQ3_LEVELS] = KV_TQ3_CENTROIDS_INIT;
@@ -257,4 +259,89 @@ void kv_tq3_decode_value(uint64_t seed, uint32_t d, const uint8_t *codes, uint16
     for (uint32_t i = 0; i < d; i++)
         v[i] = (float)(codes[i] & 7u) * s + z;
     kv_rot_inverse(seed, d, v, v);
+}
+
+/* ---- promote (TQ3 → FP8), the twin of convert.cu's promote kernel -------------------------
+ * The decoded rows are k̂ = g·(sign ⊙ H·E) with E = 2c − 7, g = γ·(STEP/2)/d, and
+ * v̂ = (sign ⊙ u)/sqrt(d) with u = sv·(H·c) + z·d·e_0 (H·1 = d·e_0). H·E and H·c are integers
+ * below 7d, exact in any order (the GPU computes them on the tensor cores), so promote is
+ * defined on them: with m = max|Y| (keys, Y = H·E) or mu = max|u| (values) the FP8 row gets
+ * scale = RN(amax)/448 with amax = |g|·m resp. mu·(1/sqrt(d)), the FP8 row codec's scale,
+ * and the codes fp8(Y_i·(±448/m)) resp. fp8(u_i·(±448/mu)) — the decoded value over the
+ * scale, up to the rounding of 448/m. The sign is the rotation's sign (times γ's for keys):
+ * fp8(−x) = fp8(x) ^ 0x80, so the GPU flips the code bytes. A row whose metadata is not finite,
+ * or whose amax is zero or below FLT_MIN, promotes to the zero row (codes 0, scale 1, as the
+ * FP8 codec stores a zero row). Before retier v4 promote was the FP8 codec applied to the
+ * float decode (kv_tq3_decode_*); the two agree to the FP8 step (test_page). */
+static void hadamard_int(uint32_t d, int32_t *y)
+{
+    for (uint32_t h = 1; h < d; h <<= 1)
+        for (uint32_t i = 0; i < d; i++)
+            if (!(i & h)) {
+                int32_t a = y[i], b = y[i | h];
+                y[i] = a + b;
+                y[i | h] = a - b;
+            }
+}
+
+static void fp8_zero_row(uint32_t d, uint8_t *fp8, float *scale)
+{
+    memset(fp8, 0, d);
+    *scale = 1.0f;
+}
+
+static void fp8_signed_codes(uint64_t seed, uint32_t d, const float *x, float r, uint8_t *fp8)
+{
+    for (uint32_t i = 0; i < d; i++)
+        fp8[i] = (uint8_t)(kv_fp8_from_float(x[i] * r) ^ (kv_rot_sign(seed, i) < 0.0f ? 0x80u : 0u));
+}
+
+void kv_tq3_key_to_fp8(uint64_t seed, uint32_t d, const uint8_t *codes, uint16_t norm,
+                       uint8_t *fp8, float *scale)
+{
+    int32_t y[KV_MAX_HEAD_DIM];
+    float x[KV_MAX_HEAD_DIM];
+    if (!dim_ok(d))
+        return;
+    int32_t m = 0;
+    for (uint32_t i = 0; i < d; i++)
+        y[i] = 2 * (int32_t)(codes[i] & 7u) - 7;
+    hadamard_int(d, y);
+    for (uint32_t i = 0; i < d; i++) {
+        m = abs(y[i]) > m ? abs(y[i]) : m;
+        x[i] = (float)y[i];
+    }
+    float g = (kv_half_to_float(norm) * KV_TQ3_KEY_HALF_STEP) * (1.0f / (float)d);
+    float amax = fabsf(g) * (float)m;
+    if (!isfinite(g) || m == 0 || !(amax >= FLT_MIN)) {
+        fp8_zero_row(d, fp8, scale);
+        return;
+    }
+    float r = KV_FP8_MAX / (float)m;
+    fp8_signed_codes(seed, d, x, g < 0.0f ? -r : r, fp8);
+    *scale = amax / KV_FP8_MAX;
+}
+
+void kv_tq3_value_to_fp8(uint64_t seed, uint32_t d, const uint8_t *codes, uint16_t scale,
+                         uint16_t zero, uint8_t *fp8, float *fscale)
+{
+    int32_t y[KV_MAX_HEAD_DIM];
+    float u[KV_MAX_HEAD_DIM];
+    if (!dim_ok(d))
+        return;
+    for (uint32_t i = 0; i < d; i++)
+        y[i] = (int32_t)(codes[i] & 7u);
+    hadamard_int(d, y);
+    float sv = kv_half_to_float(scale), z = kv_half_to_float(zero), mu = 0.0f;
+    for (uint32_t i = 0; i < d; i++) {
+        u[i] = i == 0 ? fmaf(sv, (float)y[0], z * (float)d) : sv * (float)y[i];
+        mu = fabsf(u[i]) > mu ? fabsf(u[i]) : mu;
+    }
+    float amax = mu * (float)(1.0 / sqrt((double)d));
+    if (!isfinite(sv) || !isfinite(z) || !(amax >= FLT_MIN)) {
+        fp8_zero_row(d, fp8, fscale);
+        return;
+    }
+    fp8_signed_codes(seed, d, u, KV_FP8_MAX / mu, fp8);
+    *fscale = amax / KV_FP8_MAX;
 }

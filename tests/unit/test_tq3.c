@@ -458,6 +458,52 @@ static void test_tq3_scaled_is_scaling(void **state)
     }
 }
 
+/* Promote (kv_tq3_*_to_fp8): the FP8 row decodes to the TQ3 row's float decode within the FP8
+ * step — per element ≤ 2^-4 relative (half the e4m3 step) plus the subnormal floor 2^-10·scale,
+ * +1e-6·amax for the float rounding of both decodes — for random codes and metadata of both
+ * signs; non-finite metadata gives the zero row (codes 0, scale 1). */
+static void test_tq3_promote(void **state)
+{
+    (void)state;
+    uint8_t codes[256], f8[256];
+    float want[256], got[256], sc;
+    rng_state = 47;
+    for (size_t s = 0; s < 3; s++) {
+        uint32_t d = dims[s];
+        for (int rep = 0; rep < 300; rep++) {
+            for (uint32_t i = 0; i < d; i++)
+                codes[i] = (uint8_t)(rng_u64() & 7u);
+            float m0 = (float)rng_gauss() * 3.0f, m1 = (float)rng_gauss() * 2.0f;
+            uint16_t a = kv_half_from_float(m0), b = kv_half_from_float(fabsf(m1) * 0.1f);
+            for (int kind = 0; kind < 2; kind++) {
+                if (kind == 0) {
+                    kv_tq3_key_to_fp8(7, d, codes, a, f8, &sc);
+                    kv_tq3_decode_key(7, d, codes, a, want);
+                } else {
+                    kv_tq3_value_to_fp8(7, d, codes, b, a, f8, &sc);
+                    kv_tq3_decode_value(7, d, codes, b, a, want);
+                }
+                kv_fp8_decode_row(d, f8, sc, got);
+                float amax = 0.0f;
+                for (uint32_t i = 0; i < d; i++)
+                    amax = fmaxf(amax, fabsf(want[i]));
+                assert_true(fabsf(sc - amax / 448.0f) <= amax / 448.0f * 1e-5f + 1e-30f);
+                for (uint32_t i = 0; i < d; i++) {
+                    float tol = fabsf(want[i]) * 0.0625f + sc * 0x1p-10f + amax * 1e-6f;
+                    assert_true(fabsf(got[i] - want[i]) <= tol);
+                }
+            }
+        }
+        uint16_t nan = 0x7E00, inf = 0x7C00, one = 0x3C00;
+        kv_tq3_key_to_fp8(7, d, codes, nan, f8, &sc);
+        assert_true(sc == 1.0f && f8[0] == 0 && f8[d - 1] == 0);
+        kv_tq3_value_to_fp8(7, d, codes, one, inf, f8, &sc);
+        assert_true(sc == 1.0f && f8[0] == 0 && f8[d - 1] == 0);
+        kv_tq3_value_to_fp8(7, d, codes, 0, 0, f8, &sc); /* zero scale and zero: zero row */
+        assert_true(sc == 1.0f && f8[0] == 0 && f8[d / 2] == 0);
+    }
+}
+
 static void test_tq3_degenerate(void **state)
 {
     (void)state;
@@ -512,6 +558,7 @@ int main(void)
         cmocka_unit_test(test_tq3_quality),         cmocka_unit_test(test_tq3_key_contract),
         cmocka_unit_test(test_tq3_key_tie_goes_down), cmocka_unit_test(test_tq3_value_contract),
         cmocka_unit_test(test_tq3_scaled_is_scaling),
+        cmocka_unit_test(test_tq3_promote),
         cmocka_unit_test(test_tq3_degenerate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
