@@ -23,8 +23,8 @@
  * and loads one row ahead, a pair's page ids two rows ahead. One wave of blocks.
  * Cost (ncu, d = 128): ~630 warp instructions per row of 8 tokens (~20 per value; v2 had
  * ~1260), issue-bound at IPC ~3.
- * Promote: y = layer·2 + kind, one kind per warp, d/32 lanes per token (lane q owns the
- * coordinates 32q … 32q+31), no prefetch.
+ * Promote (v2, tq3.c "promote"): the same split and pipeline; the FP8 row comes from the exact
+ * integer transform H·E (keys, E = 2c − 7) or H·c (values) of the codes, on the tensor cores.
  *
  * Bit-exactness with the CPU twin (tq3.c, rotate.c, fp8.c spell out their evaluation order):
  *   - rotation signs: the twin multiplies by ±1 (exact); here the sign is XORed into the FP8
@@ -39,11 +39,10 @@
  *   - K: E = 2c − 7 from the code (exact), ΣE² exact in float in any order, γ and a8 by IEEE
  *     division and square root as the twin;
  *   - value min/max are order-free (the twin makes a zero extreme +0).
- * Promote: decode (K: the lane's unit; V: the token's half of two units), inverse rotation
- * (signs multiplied as in rotate.c, butterflies in its order, the h ≥ 32 stages by shuffles
- * with fma(±1, own, other): one rounding, same bits) and the FP8 row codec, all order-fixed;
- * x/s uses Markstein's correction with the correctly rounded reciprocal when the scale is
- * ≥ 2^-100 (IEEE division otherwise, and for non-finite x).
+ * Promote: the transform is exact (integers below 7d), so only the scalar steps are
+ * order-fixed: the same IEEE operations as the twin (max, |g|·m, 448/m, x·r), the FP8
+ * conversion cvt.rn.satfinite (= kv_fp8_from_float) and the rotation sign XORed into the
+ * code byte (fp8(−x) = fp8(x) ^ 0x80).
  */
 #include "kvkern_cuda.h"
 
@@ -57,7 +56,6 @@ namespace {
 constexpr int kWarps = 4; /* warps per block: small, so little is idle when heads·chunks is small */
 constexpr int kThreads = 32 * kWarps;
 
-__constant__ float c_centroid[KV_TQ3_LEVELS] = KV_TQ3_CENTROIDS_INIT;
 
 /* Everything a warp needs to place its rows, computed once per launch on the host. */
 struct ConvParams {
@@ -82,31 +80,6 @@ __device__ __forceinline__ uint16_t half_sat_bits(float x)
 __device__ __forceinline__ float half_bits_to_float(uint16_t b)
 {
     return __half2float(__ushort_as_half(b));
-}
-
-/* In-place FWHT of the row's d values; this lane holds coordinates 32q … 32q+31. LPR lanes per
- * row are consecutive lanes of the warp. Stage order h = 1, 2, …, d/2 as in rotate.c. */
-template <int LPR> __device__ __forceinline__ void fwht_row(float (&x)[32], uint32_t q)
-{
-#pragma unroll
-    for (int h = 1; h < 32; h <<= 1) {
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            if ((j & h) == 0) {
-                const float a = x[j], b = x[j + h];
-                x[j] = __fadd_rn(a, b);
-                x[j + h] = __fsub_rn(a, b);
-            }
-        }
-    }
-#pragma unroll
-    for (int m = 1; m < LPR; m <<= 1) {
-        /* lower lane: a + b = fma(1, a, b); upper lane: a − b = fma(−1, b, a) — one rounding */
-        const float sg = (q & (uint32_t)m) ? -1.0f : 1.0f;
-#pragma unroll
-        for (int j = 0; j < 32; j++)
-            x[j] = __fmaf_rn(sg, x[j], __shfl_xor_sync(0xffffffffu, x[j], m));
-    }
 }
 
 /* Pairwise sums (tq3.c "quad sums"), streamed: the N leaves of a lane are pushed in order and
@@ -151,28 +124,6 @@ template <int N> struct Unroll<N, N> {
     {
     }
 };
-
-template <int LPR> __device__ __forceinline__ float row_max(float v)
-{
-#pragma unroll
-    for (int m = 1; m < LPR; m <<= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
-    return v;
-}
-template <int LPR> __device__ __forceinline__ float row_min(float v)
-{
-#pragma unroll
-    for (int m = 1; m < LPR; m <<= 1)
-        v = fminf(v, __shfl_xor_sync(0xffffffffu, v, m));
-    return v;
-}
-template <int LPR> __device__ __forceinline__ uint32_t row_or(uint32_t v)
-{
-#pragma unroll
-    for (int m = 1; m < LPR; m <<= 1)
-        v |= __shfl_xor_sync(0xffffffffu, v, m);
-    return v;
-}
 
 /* Layout 2 (kv_format.h "TQ3 code units"). A lane packs its 32 codes in the form of a K unit:
  * code of SET h ∈ {0, 1} and pair p at bits 16h + 3·(p%5) of word p/5 (pair 15: unit_add15).
@@ -238,11 +189,10 @@ struct WarpPlace {
     }
 };
 
-/* LPR lanes per row, 32/LPR rows (tokens) per warp: a warp's rows are chunk tc of its head. */
-template <int LPR>
+/* A quad of lanes per row, 8 rows (tokens) per warp: a warp's rows are chunk tc of its head. */
 __device__ __forceinline__ WarpPlace warp_place(const ConvParams &P, uint32_t wi, uint32_t layer)
 {
-    constexpr uint32_t RPW = 32 / LPR;
+    constexpr uint32_t LPR = 4, RPW = 32 / LPR;
     WarpPlace w;
     w.head = (uint32_t)(((uint64_t)wi * P.div_m) >> P.div_sh);
     const uint32_t tc = wi - w.head * P.cpb;
@@ -319,6 +269,51 @@ __device__ __forceinline__ uint32_t h16_pair(uint32_t k, uint32_t n)
     const uint32_t lo = (__popc(k & n) & 1u) ? 0xBC00u : 0x3C00u;
     const uint32_t hi = (__popc((k + 1) & n) & 1u) ? 0xBC00u : 0x3C00u;
     return lo | (hi << 16);
+}
+
+/* w = H·(the lane's f16 pairs) on the lane's coordinates (tq3.c order): the stages over
+ * coordinate bits 0, 1, Q, Q+1 as 2 mma per tile of 8 j's, then j bits 2, 3, … as float
+ * butterflies. hp[p] holds j = 2p (low half), 2p + 1. */
+template <int D>
+__device__ __forceinline__ void hadamard_lane(const uint32_t (&hp)[Rt<D>::NV / 2],
+                                              const uint32_t (&hb)[2][2], float (&x)[Rt<D>::NV])
+{
+    constexpr int NV = Rt<D>::NV;
+#pragma unroll
+    for (int T = 0; T < NV / 8; T++) {
+        const uint32_t a[4] = {hp[4 * T], hp[4 * T + 2], hp[4 * T + 1], hp[4 * T + 3]};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float c[4];
+            mma_h16(c, a, hb[h][0], hb[h][1]);
+            x[8 * T + 2 * h] = c[0];
+            x[8 * T + 2 * h + 1] = c[1];
+            x[8 * T + 2 * h + 4] = c[2];
+            x[8 * T + 2 * h + 5] = c[3];
+        }
+    }
+#pragma unroll
+    for (int hs = 4; hs < NV; hs <<= 1) {
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            if ((j & hs) == 0) {
+                const float a = x[j], b = x[j + hs];
+                x[j] = __fadd_rn(a, b);
+                x[j + hs] = __fsub_rn(a, b);
+            }
+        }
+    }
+}
+
+/* B fragments of H_16 for the two n-tiles: k = 2q (+1), 2q + 8 (+9); n = 8h + lane/4 */
+__device__ __forceinline__ void h16_frags(uint32_t lane, uint32_t (&hb)[2][2])
+{
+    const uint32_t q = lane & 3u;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        hb[h][0] = h16_pair(2 * q, 8 * h + (lane >> 2));
+        hb[h][1] = h16_pair(2 * q + 8, 8 * h + (lane >> 2));
+    }
 }
 
 /* This lane's NV FP8 codes of one row and the row's scale (zeros where go is false). */
@@ -420,33 +415,8 @@ __device__ __forceinline__ void retier_row(const ConvParams &P, const WarpPlace 
             }
         }
     }
-    /* ---- Hadamard stages over coordinate bits 0, 1, Q, Q+1 on the tensor cores ---- */
     float x[NV];
-#pragma unroll
-    for (int T = 0; T < NV / 8; T++) {
-        const uint32_t a[4] = {hp[4 * T], hp[4 * T + 2], hp[4 * T + 1], hp[4 * T + 3]};
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float c[4];
-            mma_h16(c, a, hb[h][0], hb[h][1]);
-            x[8 * T + 2 * h] = c[0];
-            x[8 * T + 2 * h + 1] = c[1];
-            x[8 * T + 2 * h + 4] = c[2];
-            x[8 * T + 2 * h + 5] = c[3];
-        }
-    }
-    /* ---- the other stages: j bits 2, 3, … in ascending order (tq3.c) ---- */
-#pragma unroll
-    for (int hs = 4; hs < NV; hs <<= 1) {
-#pragma unroll
-        for (int j = 0; j < NV; j++) {
-            if ((j & hs) == 0) {
-                const float a = x[j], b = x[j + hs];
-                x[j] = __fadd_rn(a, b);
-                x[j + hs] = __fsub_rn(a, b);
-            }
-        }
-    }
+    hadamard_lane<D>(hp, hb, x);
 
     if constexpr (KIND == KV_KIND_K) {
         /* ---- keys: ‖w‖², codes floor(sat(w·a8 + ½)·FLOOR8), E = 2c − 7, ⟨w, E⟩, ΣE² ---- */
@@ -644,14 +614,9 @@ __global__ void __launch_bounds__(kThreads, Rt<D>::MINB) retier_kernel(ConvParam
     if (wi >= P.heads * P.cpb)
         return; /* whole warp */
     const uint32_t lane = threadIdx.x & 31u, q = lane & 3u;
-    const WarpPlace w = warp_place<4>(P, wi, blockIdx.y);
-    /* B fragments of H_16 for the two n-tiles: k = 2q (+1), 2q + 8 (+9); n = 8h + lane/4 */
+    const WarpPlace w = warp_place(P, wi, blockIdx.y);
     uint32_t hb[2][2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        hb[h][0] = h16_pair(2 * q, 8 * h + (lane >> 2));
-        hb[h][1] = h16_pair(2 * q + 8, 8 * h + (lane >> 2));
-    }
+    h16_frags(lane, hb);
     const uint32_t rowoff = w.token * D + L * q; /* this lane's first byte in a block */
     const uint64_t soff_k = w.soff(P, KV_KIND_K), soff_v = w.soff(P, KV_KIND_V);
 
@@ -677,120 +642,225 @@ __global__ void __launch_bounds__(kThreads, Rt<D>::MINB) retier_kernel(ConvParam
     }
 }
 
-template <int D> __global__ void __launch_bounds__(kThreads) promote_kernel(ConvParams P)
+/* ---- promote (v2: the exact integer transform on the tensor cores; tq3.c "promote") -------
+ * The same work split as retier (8 tokens per warp, a quad per token, lane q owning the
+ * coordinates (j mod L) + L·q + 4L·(j div L)). Keys: Y = H·E with E = 2c − 7; values:
+ * Yc = H·c. Both are integers below 7d, so the four tensor-core stages and the float stages
+ * are exact and the twin's order does not matter. The lane's code pairs become FP16 operands
+ * by a shift, a mask with the exponent of 1024 ORed in, and one HSUB2. */
+
+/* This lane's TQ3 code words of one row and the row's FP16 metadata (zeros where go is false).
+ * K: the lane's K units (d ≥ 128: units q + 4u; d = 64: unit q/2, of which the lane owns the
+ * low (q even) or high half). V: the units (token pair, group) of the lane's 16-coordinate
+ * groups, shifted so that this token's half is the low one. */
+template <int D> struct Tq3Row {
+    static constexpr int NG = Rt<D>::NG;
+    uint32_t u[NG][3];
+    uint16_t m0, m1; /* K: γ; V: scale, zero */
+    template <int KIND>
+    __device__ __forceinline__ void load(const ConvParams &P, const WarpPlace &w, bool go,
+                                         uint32_t sp, uint64_t soff, uint32_t q)
+    {
+        constexpr int L = Rt<D>::L;
+        m0 = m1 = 0;
+#pragma unroll
+        for (int g = 0; g < NG; g++)
+            u[g][0] = u[g][1] = u[g][2] = 0u;
+        if (!go)
+            return;
+        const uint8_t *blk = P.sbase + (uint64_t)sp * P.spage + soff;
+        const uint32_t *cw = reinterpret_cast<const uint32_t *>(blk);
+        if (KIND == KV_KIND_K) {
+            constexpr int NU = Rt<D>::NV >= 32 ? Rt<D>::NV / 32 : 1;
+#pragma unroll
+            for (int k = 0; k < NU; k++) {
+                const uint32_t unit = D == 64 ? w.token * 2 + q / 2 : w.token * (D / 32) + q + 4 * k;
+#pragma unroll
+                for (int b = 0; b < 3; b++)
+                    u[k][b] = __ldg(cw + (uint64_t)unit * 3 + b);
+            }
+            m0 = __ldg(reinterpret_cast<const uint16_t *>(blk + P.smeta_k) + w.token);
+        } else {
+            const uint32_t sh = w.odd ? 16u : 0u;
+#pragma unroll
+            for (int g = 0; g < NG; g++) {
+                const uint32_t g16 = L == 16 ? q : 2 * q + (g % 2) + 8 * (g / 2);
+                const uint32_t unit = w.tpair * (D / 16) + g16;
+#pragma unroll
+                for (int b = 0; b < 3; b++)
+                    u[g][b] = __ldg(cw + (uint64_t)unit * 3 + b) >> sh;
+            }
+            const uint16_t *m = reinterpret_cast<const uint16_t *>(blk + P.smeta_v);
+            m0 = __ldg(m + w.token);
+            m1 = __ldg(m + P.tokens + w.token);
+        }
+    }
+};
+
+/* Code of pair p (0..15), set h, of unit words u, in bits 0-2. */
+__device__ __forceinline__ uint32_t unit_code(const uint32_t (&u)[3], int p, int h)
 {
-    constexpr int LPR = D / 32;
-    __shared__ uint32_t s_sign[D / 4];
-    __shared__ float s_cent[KV_TQ3_LEVELS];
+    if (p < 15)
+        return (u[p / 5] >> (16 * h + 3 * (p % 5))) & 7u;
+    const int b = 15 + 16 * h;
+    return ((u[0] >> b) & 1u) | (((u[1] >> b) & 1u) << 1) | (((u[2] >> b) & 1u) << 2);
+}
+
+/* f16 pair (lo = a, hi = b) of two small integers as 1024 + n (bits 0x6400 | n, n < 1024). */
+__device__ __forceinline__ uint32_t code_h2(uint32_t a, uint32_t b)
+{
+    return (a | (b << 16)) | 0x64006400u;
+}
+
+template <int D, int KIND>
+__device__ __forceinline__ void promote_row(const ConvParams &P, const WarpPlace &w, uint32_t q,
+                                            const uint32_t *s_sign, const uint32_t (&hb)[2][2],
+                                            const Tq3Row<D> &row, uint8_t *dpage)
+{
+    constexpr int L = Rt<D>::L, NV = Rt<D>::NV;
+    constexpr uint32_t kind = KIND;
+    uint8_t *dblk = dpage + w.doff(P, kind);
+
+    /* ---- code pairs → FP16 operands: keys E = 2c − 7, values c ---- */
+    uint32_t hp[NV / 2];
+    if constexpr (KIND == KV_KIND_K) {
+        uint32_t lu[Rt<D>::NG][3];
+#pragma unroll
+        for (int g = 0; g < Rt<D>::NG; g++)
+            lu[g][0] = row.u[g][0], lu[g][1] = row.u[g][1], lu[g][2] = row.u[g][2];
+        if constexpr (D == 64) {
+            /* the high half (q odd: pairs 8-15) moved to the places of pairs 0-7 */
+            constexpr uint32_t S01 = 0x003F003Fu, S012 = 0x01FF01FFu;
+            const uint32_t w1 = row.u[0][1], w2 = row.u[0][2];
+            const uint32_t c15 = unit_code(row.u[0], 15, 0) | (unit_code(row.u[0], 15, 1) << 16);
+            const uint32_t l0 = ((w1 >> 9) & S01) | ((w2 & S012) << 6);
+            const uint32_t l1 = ((w2 >> 9) & S01) | (c15 << 6);
+            if (q & 1u) {
+                lu[0][0] = l0;
+                lu[0][1] = l1;
+            }
+        }
+#pragma unroll
+        for (int P2 = 0; P2 < NV / 2; P2++) { /* pair P2: j = 2·P2, 2·P2 + 1 */
+            const int k = (2 * P2) / 32, p = P2 % 16;
+            /* 1024 + 2c in each half, minus 1031 = 2c − 7 (doubling 1024 + c would need the
+             * constant 2055, which FP16 cannot hold) */
+            const uint32_t h2 = code_h2(2 * unit_code(lu[k], p, 0), 2 * unit_code(lu[k], p, 1));
+            const __half2 e = __hsub2(*reinterpret_cast<const __half2 *>(&h2),
+                                      __half2(__ushort_as_half(0x6407u), __ushort_as_half(0x6407u)));
+            hp[P2] = *reinterpret_cast<const uint32_t *>(&e);
+        }
+    } else {
+#pragma unroll
+        for (int P2 = 0; P2 < NV / 2; P2++) { /* group j/16, coordinates 2i, 2i + 1 of it */
+            const int g = (2 * P2) / 16, i = P2 % 8;
+            const uint32_t h = code_h2(unit_code(row.u[g], 2 * i, 0), unit_code(row.u[g], 2 * i + 1, 0));
+            const __half2 c = __hsub2(*reinterpret_cast<const __half2 *>(&h),
+                                      __half2(__ushort_as_half(0x6400u), __ushort_as_half(0x6400u)));
+            hp[P2] = *reinterpret_cast<const uint32_t *>(&c);
+        }
+    }
+    float x[NV];
+    hadamard_lane<D>(hp, hb, x);
+
+    /* ---- the FP8 row: scale = amax/448 of the decoded row, codes fp8(x·(±448/max)) ---- */
+    float r = 0.0f, scale = 1.0f;
+    bool live;
+    if constexpr (KIND == KV_KIND_K) {
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NV; j++)
+            m = fmaxf(m, fabsf(x[j]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        const float g =
+            __fmul_rn(__fmul_rn(half_bits_to_float(row.m0), KV_TQ3_KEY_HALF_STEP), 1.0f / D);
+        const float amax = __fmul_rn(fabsf(g), m);
+        live = fabsf(g) <= FLT_MAX && m != 0.0f && amax >= FLT_MIN;
+        if (live) {
+            r = __fdiv_rn(KV_FP8_MAX, m);
+            r = g < 0.0f ? -r : r;
+            scale = __fdiv_rn(amax, KV_FP8_MAX);
+        }
+    } else {
+        const float sv = half_bits_to_float(row.m0), z = half_bits_to_float(row.m1);
+        float mu = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            x[j] = j == 0 && q == 0 ? __fmaf_rn(sv, x[0], __fmul_rn(z, (float)D))
+                                    : __fmul_rn(sv, x[j]);
+            mu = fmaxf(mu, fabsf(x[j]));
+        }
+        mu = fmaxf(mu, __shfl_xor_sync(0xffffffffu, mu, 1));
+        mu = fmaxf(mu, __shfl_xor_sync(0xffffffffu, mu, 2));
+        const float amax = __fmul_rn(mu, (float)(1.0 / sqrt((double)D)));
+        live = fabsf(sv) <= FLT_MAX && fabsf(z) <= FLT_MAX && amax >= FLT_MIN;
+        if (live) {
+            r = __fdiv_rn(KV_FP8_MAX, mu);
+            scale = __fdiv_rn(amax, KV_FP8_MAX);
+        }
+    }
+    if (w.rowok) {
+        uint8_t *drow = dblk + (uint64_t)w.token * D + L * q;
+#pragma unroll
+        for (int i = 0; i < NV / 16; i++) { /* 16 coordinates j = 16i …: run 16i/L */
+            const uint32_t at = 4 * L * (16 * i / L) + (16 * i) % L;
+            const uint4 sg = *reinterpret_cast<const uint4 *>(
+                reinterpret_cast<const uint8_t *>(s_sign) + L * q + at);
+            const uint32_t sgw[4] = {sg.x, sg.y, sg.z, sg.w};
+            uint32_t cw[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int j = 16 * i + 4 * k;
+                const uint32_t lo = __nv_cvt_float2_to_fp8x2(
+                    make_float2(__fmul_rn(x[j], r), __fmul_rn(x[j + 1], r)), __NV_SATFINITE,
+                    __NV_E4M3);
+                const uint32_t hi = __nv_cvt_float2_to_fp8x2(
+                    make_float2(__fmul_rn(x[j + 2], r), __fmul_rn(x[j + 3], r)), __NV_SATFINITE,
+                    __NV_E4M3);
+                cw[k] = live ? ((lo & 0xffffu) | (hi << 16)) ^ sgw[k] : 0u;
+            }
+            *reinterpret_cast<uint4 *>(drow + at) = make_uint4(cw[0], cw[1], cw[2], cw[3]);
+        }
+        if (q == 0)
+            reinterpret_cast<float *>(dblk + P.dmeta_k)[w.token] = scale; /* FP8: K = V */
+    }
+    zero_pads(P, w, kind, dpage, dblk);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, Rt<D>::MINB) promote_kernel(ConvParams P)
+{
+    __shared__ __align__(16) uint32_t s_sign[D / 4];
     signs_to_smem<D>(s_sign, P.seed);
-    if (threadIdx.x < KV_TQ3_LEVELS)
-        s_cent[threadIdx.x] = c_centroid[threadIdx.x];
     __syncthreads();
 
     const uint32_t wi = blockIdx.x * kWarps + (threadIdx.x >> 5);
     if (wi >= P.heads * P.cpb)
-        return;
-    const uint32_t q = threadIdx.x % LPR;
-    const WarpPlace w = warp_place<LPR>(P, wi, blockIdx.y >> 1);
-    const uint32_t kind = blockIdx.y & 1u;
-    uint32_t sg[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        sg[i] = s_sign[8 * q + i];
-    const float inv = (float)(1.0 / sqrt((double)D));
+        return; /* whole warp */
+    const uint32_t lane = threadIdx.x & 31u, q = lane & 3u;
+    const WarpPlace w = warp_place(P, wi, blockIdx.y);
+    uint32_t hb[2][2];
+    h16_frags(lane, hb);
+    const uint64_t soff_k = w.soff(P, KV_KIND_K), soff_v = w.soff(P, KV_KIND_V);
 
-    for (uint64_t pair = blockIdx.z; pair < P.n; pair += gridDim.z) { /* 64-bit: no wrap */
-        const uint32_t sp = P.src[pair], dp = P.dst[pair];
-        if (sp >= P.spages || dp >= P.dpages)
-            continue;
-        const uint8_t *sblk = P.sbase + (uint64_t)sp * P.spage + w.soff(P, kind);
+    /* as retier: pair after pair, K then V, one row ahead, page ids two rows ahead */
+    const uint64_t per =
+        P.n > blockIdx.z ? ((uint64_t)P.n - blockIdx.z + gridDim.z - 1) / gridDim.z : 0;
+    uint32_t sp, dp;
+    bool ok = pair_pages(P, 0, sp, dp);
+    Tq3Row<D> rk, rv;
+    rk.template load<KV_KIND_K>(P, w, ok && w.rowok, sp, soff_k, q);
+    for (uint64_t i = 0; i < per; i++) {
+        const bool ok_i = ok;
         uint8_t *dpage = P.dbase + (uint64_t)dp * P.dpage;
-        uint8_t *dblk = dpage + w.doff(P, kind);
-
-        float x[32];
-        if (w.rowok) {
-            const uint32_t *cw = reinterpret_cast<const uint32_t *>(sblk);
-            const uint16_t *m =
-                reinterpret_cast<const uint16_t *>(sblk + (kind ? P.smeta_v : P.smeta_k));
-            if (kind == KV_KIND_K) {
-                /* K unit (token, q): coordinate 2p + h is pair p, half h */
-                const uint32_t *wp = cw + ((uint64_t)w.token * LPR + q) * 3;
-                const uint32_t u[3] = {__ldg(wp), __ldg(wp + 1), __ldg(wp + 2)};
-                const float gm = __fmul_rn(half_bits_to_float(__ldg(m + w.token)), inv);
-#pragma unroll
-                for (int j = 0; j < 32; j++)
-                    x[j] = __fmul_rn(s_cent[kv_tq3_unit_get(u, j >> 1, j & 1)], gm);
-            } else {
-                /* V units (token/2, 2q) and (token/2, 2q + 1): coordinates 32q … 32q+15 and
-                 * 32q+16 … 32q+31, this token's codes in the half (token & 1); moved to the
-                 * low half, a code is then pair j%16, half 0 */
-                const uint32_t *wp = cw + ((uint64_t)(w.token >> 1) * (2 * LPR) + 2 * q) * 3;
-                const uint32_t sh = 16 * (w.token & 1u);
-                uint32_t u0[3], u1[3];
-#pragma unroll
-                for (int b = 0; b < 3; b++) {
-                    u0[b] = __ldg(wp + b) >> sh;
-                    u1[b] = __ldg(wp + 3 + b) >> sh;
-                }
-                const float s = half_bits_to_float(__ldg(m + w.token));
-                const float z = half_bits_to_float(__ldg(m + P.tokens + w.token));
-#pragma unroll
-                for (int j = 0; j < 32; j++) {
-                    const uint32_t c = kv_tq3_unit_get(j < 16 ? u0 : u1, j & 15, 0);
-                    x[j] = __fadd_rn(__fmul_rn((float)c, s), z);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < 32; j++)
-                x[j] = 0.0f;
-        }
-        fwht_row<LPR>(x, q);
-        float amax = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            /* ×(±1) as rotate.c: sign bit of byte j%4 of the mask word moved to bit 31 */
-            const float sgn = __uint_as_float(
-                0x3f800000u | ((sg[j / 4] << (24 - 8 * (j % 4))) & 0x80000000u));
-            x[j] = __fmul_rn(__fmul_rn(x[j], inv), sgn);
-            const float a = fabsf(x[j]);
-            if (a <= FLT_MAX && a > amax)
-                amax = a;
-        }
-        amax = row_max<LPR>(amax);
-        const float s = amax >= FLT_MIN ? __fdiv_rn(amax, KV_FP8_MAX) : 1.0f;
-        const bool fast = s >= 0x1p-100f;
-        const float rs = __frcp_rn(s);
-        uint32_t cw[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            float qv[4];
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                const float v = x[4 * i + b];
-                const float t0 = __fmul_rn(v, rs);
-                const float e = __fmaf_rn(-t0, s, v);
-                /* e = 0: t0 is exact (and keeps the sign of a zero v, which t0 + 0 would not);
-                 * e is NaN only when t0 overflowed (v = ±inf): IEEE division then */
-                float r = e == 0.0f ? t0 : __fmaf_rn(e, rs, t0);
-                if (!fast || e != e)
-                    r = __fdiv_rn(v, s);
-                qv[b] = r;
-            }
-            const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(qv[0], qv[1]),
-                                                         __NV_SATFINITE, __NV_E4M3);
-            const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(qv[2], qv[3]),
-                                                         __NV_SATFINITE, __NV_E4M3);
-            cw[i] = (lo & 0xffffu) | (hi << 16);
-        }
-        if (w.rowok) {
-            uint4 *c4 = reinterpret_cast<uint4 *>(dblk + (uint64_t)w.token * D + 32 * q);
-            c4[0] = make_uint4(cw[0], cw[1], cw[2], cw[3]);
-            c4[1] = make_uint4(cw[4], cw[5], cw[6], cw[7]);
-            if (q == 0)
-                reinterpret_cast<float *>(dblk + P.dmeta_k)[w.token] = s; /* FP8: K = V */
-        }
-        zero_pads(P, w, kind, dpage, dblk);
+        rv.template load<KV_KIND_V>(P, w, ok_i && w.rowok, sp, soff_v, q);
+        ok = pair_pages(P, i + 1, sp, dp);
+        if (ok_i)
+            promote_row<D, KV_KIND_K>(P, w, q, s_sign, hb, rk, dpage);
+        rk.template load<KV_KIND_K>(P, w, ok && w.rowok, sp, soff_k, q);
+        if (ok_i)
+            promote_row<D, KV_KIND_V>(P, w, q, s_sign, hb, rv, dpage);
     }
 }
 
@@ -858,8 +928,7 @@ kvk_status_t convert_launch(bool retier, const kv_geom_t *g, const kv_pools_t *p
     P.heads = g->kv_heads;
     P.tokens = g->page_tokens;
     P.layers = g->layers;
-    /* rows (tokens) per warp: retier 8 (a quad per token), promote 32/(d/32) */
-    const uint32_t rpw = retier ? 8u : 32u / (g->head_dim / 32u);
+    const uint32_t rpw = 8u; /* rows (tokens) per warp: a quad per token */
     P.cpb = (g->page_tokens + rpw - 1) / rpw;
     /* ⌊w/cpb⌋ for w < 2^31 (Granlund–Montgomery): l = ⌈log2 cpb⌉, m = ⌈2^(31+l)/cpb⌉ ≤ 2^31 */
     uint32_t l = 0;
@@ -869,8 +938,8 @@ kvk_status_t convert_launch(bool retier, const kv_geom_t *g, const kv_pools_t *p
     P.div_sh = 31 + l;
 
     const uint32_t chunks = g->kv_heads * P.cpb; /* ≤ 256 · 1024 */
-    /* retier: y = layer (a warp does K and V); promote: y = layer·2 + kind */
-    const uint32_t gx = (chunks + kWarps - 1) / kWarps, gy = (retier ? 1u : 2u) * g->layers;
+    /* y = layer: a warp does the K and the V rows of its tokens */
+    const uint32_t gx = (chunks + kWarps - 1) / kWarps, gy = g->layers;
     /* one wave of resident blocks; each warp then loops over its pairs (a second wave would
      * only add a tail) */
     const uint64_t want = (uint64_t)(g->head_dim == 64    ? resident_blocks<64>(retier)

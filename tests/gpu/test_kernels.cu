@@ -332,6 +332,44 @@ static void run_geometry(const Geo &G, bool small, bool attn)
         for (size_t i = 0; i < got.size(); i++)
             diff += got[i] != h8b[i];
         check(diff == 0, "promote fp8 bit-exact", "%zu of %zu bytes differ", diff, got.size());
+        /* crafted TQ3 rows (same bytes on both sides): every code word random, and every third
+         * token's metadata NaN, ±inf, negative, zero, the smallest subnormal or 65504 — the
+         * zero-row rule, γ's sign and the FP8 range edges. splitmix, not rnd(): the stream of
+         * the attention tests below stays as it was. */
+        std::vector<uint8_t> htc = ht;
+        static const uint16_t meta[6] = {0x7E00, 0xFC00, 0xC500, 0x0000, 0x0001, 0x7BFF};
+        for (uint32_t p = 0; p < PT; p++)
+            for (uint32_t l = 0; l < G.layers; l++)
+                for (int kind = 0; kind < 2; kind++)
+                    for (uint32_t h = 0; h < G.kv_heads; h++) {
+                        uint8_t *blk = htc.data() + p * pbt +
+                                       kv_block_offset(&g, KV_FMT_TQ3, l, kind, h);
+                        const uint64_t cb = kv_block_code_bytes(&g, KV_FMT_TQ3, kind);
+                        for (uint64_t i = 0; i < cb; i++)
+                            blk[i] = (uint8_t)kv_splitmix64((p * 131 + l * 7 + h) * 8191 +
+                                                            (uint64_t)kind * 65537 + i);
+                        uint16_t *m =
+                            (uint16_t *)(blk + kv_block_meta_offset(&g, KV_FMT_TQ3, kind));
+                        for (uint32_t t = 0; t < G.pt; t += 3) {
+                            const uint16_t v = meta[(p + l + h + t / 3 + (uint32_t)kind) % 6];
+                            m[t] = v; /* γ (K) or scale (V) */
+                            if (kind == KV_KIND_V)
+                                m[G.pt + t] = (uint16_t)(v ^ 0x8000u); /* zero, other sign */
+                        }
+                    }
+        uint8_t *dtc = dalloc<uint8_t>(htc.size());
+        h2d(dtc, htc.data(), htc.size());
+        kv_pools_t dpc = {{d8b, dtc}, {PT, PT}};
+        KCK(kvk_cuda_page_promote(&g, &dpc, PT, drd, drs, 0));
+        for (uint32_t i = 0; i < PT; i++)
+            kv_page_promote(&g, htc.data() + rd[i] * pbt, h8b.data() + rs[i] * pb8);
+        d2h(got.data(), d8b, got.size());
+        diff = 0;
+        for (size_t i = 0; i < got.size(); i++)
+            diff += got[i] != h8b[i];
+        check(diff == 0, "promote crafted rows bit-exact", "%zu of %zu bytes differ", diff,
+              got.size());
+        CK(cudaFree(dtc));
         CK(cudaFree(d8b));
     }
 
