@@ -112,6 +112,7 @@ struct kvd_server_s {
     struct kvd_snap_job_s *snap_job; /* the snapshot being written off the loop, or NULL */
     uint64_t snap_served;            /* requests answered while a snapshot job was in flight */
     uint64_t snap_slices;            /* slices written by the worker, all jobs */
+    uint64_t snap_ends_on_loop;      /* jobs whose end (fsyncs, rename, unlinks) ran on the loop */
     uint64_t snap_hold; /* KVD_TEST_SNAPSHOT_HOLD: jobs stop after this many slices (0: off) */
     int reply_at_stop;  /* kvd_server_stop answered a kvctl snapshot: flush it before close */
 };
@@ -142,6 +143,7 @@ static void kvd_server_stats(kvd_server_t *s, kvd_stats_t *st)
     st->snapshot_requests_during = s->snap_served;
     st->snapshot_in_flight = s->snap_job != NULL;
     st->snapshot_slices = s->snap_slices;
+    st->snapshot_ends_on_loop = s->snap_ends_on_loop;
 }
 
 /* ---- persistence (snapshot.h) ------------------------------------------------------------ */
@@ -199,12 +201,18 @@ static int kvd_server_snapshot(kvd_server_t *s, const char *why, kvd_snap_result
 
 /* Snapshots written off the loop (docs/decisions.md 41, 42): the periodic one and `kvctl
  * snapshot`. The loop copies one slice of pages (kvd_snap_writer_fill, ≤ 8 MiB, a few ms) and
- * a libuv worker writes it (kvd_snap_writer_flush: write()/pwrite()/fsync()/close() on the
- * writer's fd only — the worker never touches the core, the server or the loop). Its
- * completion (after_work, on the loop) copies the next slice; after the last, rename +
- * directory fsync + pruning run on the loop (two metadata syscalls). One job at a time: the
- * timer skips while one runs, a `kvctl snapshot` that finds one is refused
- * (FAILED_PRECONDITION), and kvd_server_stop completes it synchronously.
+ * a libuv worker writes it (kvd_snap_writer_flush: the writer's own file only — the worker
+ * never touches the core, the server or the loop). Its completion (after_work, on the loop)
+ * copies the next slice. The worker's last flush also does the end of the write, in the
+ * order snapshot.c's snap_writer_settle explains: header, fsync, close, rename, directory
+ * fsync, then the unlink of the generation that falls out (≈ 0.3 s for a 400 MB file on
+ * ext4) — or, after an error (a fill's too: it is still queued), the .tmp's removal. Only
+ * then does after_work book the result and answer a waiting kvctl, on the loop
+ * (kvd_snap_job_end: no filesystem call). `snapshot_ends_on_loop` counts the jobs whose end
+ * work ran on the loop thread after all (no worker could be queued); 0 in normal operation,
+ * and it_snapshot checks that. One job at a time: the timer skips while one runs, a `kvctl
+ * snapshot` that finds one is refused (FAILED_PRECONDITION), and kvd_server_stop completes it
+ * synchronously.
  *
  * A kvctl job carries a waiter: the request's routing envelope (zmq_msg_copy), id and receipt
  * time. The request handler sends no reply (kvd_req_ctx_t.deferred); kvd_snap_job_end answers
@@ -296,6 +304,8 @@ static void kvd_snap_job_end(kvd_snap_job_t *j, const char *why)
     kvd_snap_result_t r;
     char err[1024];
     int e = kvd_snap_writer_end(&j->w, &r, err, sizeof err);
+    if (r.settled_here && !j->abandoned) /* the loop stalled on them (at stop: no matter) */
+        s->snap_ends_on_loop++;
     kvd_server_snapshot_done(s, why, j->mark, e, &r, err);
     s->snap_job = NULL;
     if (j->waiter) {
@@ -314,13 +324,13 @@ static int kvd_snap_job_step(kvd_snap_job_t *j)
     if (!kvd_snap_writer_finished(j->w)) {
         if (s->snap_hold && j->slices >= s->snap_hold)
             return 1; /* test hook: in flight until kvd_server_stop completes it */
-        if (kvd_snap_writer_fill(j->w, s->core) == KV_ERR_OK &&
-            uv_queue_work(s->loop, &j->req, kvd_snap_job_work, kvd_snap_job_after) == 0) {
+        /* a fill error is sticky: the queued flush then removes the .tmp off the loop */
+        kvd_snap_writer_fill(j->w, s->core);
+        if (uv_queue_work(s->loop, &j->req, kvd_snap_job_work, kvd_snap_job_after) == 0) {
             j->queued = 1;
             return 1;
         }
-        if (!kvd_snap_writer_finished(j->w)) /* a fill error is sticky; a queue error: here */
-            kvd_snap_writer_run(j->w, s->core);
+        kvd_snap_writer_run(j->w, s->core); /* no worker: the rest here, blocking */
     }
     kvd_snap_job_end(j, j->why);
     return 0;

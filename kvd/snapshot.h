@@ -14,9 +14,9 @@
  * the pages and build their records (loop thread) and write them to the .tmp file (any thread:
  * no core access), the header last (pwrite at offset 0, with the counts of what was written),
  * fsync, rename it over its final name, fsync the directory, then delete every generation but
- * the two newest. A failure at any step removes the .tmp file and keeps
- * what was there: a crash leaves either the old generations or the new one, never a torn file
- * under a final name.
+ * the two newest — all of that after the copy on the thread that writes the last slice. A
+ * failure at any step removes the .tmp file and keeps what was there: a crash leaves either
+ * the old generations or the new one, never a torn file under a final name.
  *
  * Load: generations newest first. Each file is checked completely — header fields, identity
  * (geometry, page bytes per format, format/hash/layout versions, namespace, salt), its size
@@ -30,8 +30,8 @@
  * bits, and never allocates more than one page of the expected size.
  *
  * Thread rule: the daemon's loop thread (it calls into the core), except
- * kvd_snap_writer_flush, which touches only the writer's fd and buffer and may run on a worker
- * thread (one at a time, never concurrently with fill/end on the same writer). kvd_snap_write
+ * kvd_snap_writer_flush, which touches only the writer's file, names and buffer and may run on
+ * a worker thread (one at a time, never concurrently with fill/end on the same writer). kvd_snap_write
  * blocks for the whole write (the daemon's SIGTERM snapshot); the periodic and the kvctl
  * snapshots use the writer so that the loop only blocks for one slice's copy at a time
  * (docs/snapshot.md gives measured figures; docs/decisions.md 41, 42).
@@ -88,6 +88,9 @@ typedef struct kvd_snap_result_s {
     uint64_t bytes;    /* file bytes */
     uint64_t ns;       /* wall time of the whole call */
     uint32_t refused;  /* load: generations refused before one loaded (or none was left) */
+    int settled_here;  /* write: the end's file work (fsync, rename, directory fsync, pruning,
+                        * or the .tmp's unlink) ran on the thread that called end (always 1
+                        * for kvd_snap_write; 0 when a worker's flush did it) */
     char path[1024];   /* the file written or loaded ("" when none) */
 } kvd_snap_result_t;
 
@@ -105,11 +108,14 @@ int kvd_snap_write(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id, k
  *           vanished). Call only when the previous slice was flushed. When every entry is
  *           staged, the header (with the final counts) is built too.
  *   flush   (ANY thread, no core access) write the staged slice; after the last one pwrite
- *           the header at offset 0, fsync and close.
- *   finished  1 when the last flush is done or an error stopped the writer.
+ *           the header at offset 0, fsync, close, rename, fsync the directory, then delete
+ *           all but the two newest generations (the slow part on a big file: it belongs off
+ *           the loop). After an error (fill's included) it closes and removes the .tmp
+ *           instead and keeps the previous generations. Either way the writer is finished.
+ *   finished  1 once a flush did that end work (or end did it for a writer ended early).
  *   run     (loop) flush and fill until finished: the rest of the write, synchronously.
- *   end     (loop) rename, directory fsync, keep two generations, fill *r; on any error the
- *           .tmp is removed and the previous generations are untouched. Frees the writer.
+ *   end     (loop) fill *r, free the writer; no filesystem call unless the writer was not
+ *           finished (ended early: the .tmp is removed, KV_ERR_INTERNAL).
  * fill and flush return KV_ERR_OK or the writer's first error (sticky; end reports it). */
 typedef struct kvd_snap_writer_s kvd_snap_writer_t;
 int kvd_snap_writer_begin(kvd_snap_writer_t **out, kvd_core_t *c, const char *dir,

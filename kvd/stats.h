@@ -87,6 +87,8 @@
     XX(snapshot_in_flight, GAUGE, "1 while a snapshot (periodic or kvctl) is being written off "  \
                                   "the loop")                                                      \
     XX(snapshot_slices, COUNTER, "snapshot slices (<= 8 MiB each) written by the worker thread")  \
+    XX(snapshot_ends_on_loop, COUNTER, "off-loop snapshots whose end (fsync, rename, unlink of "  \
+       "the oldest generation) ran on the loop thread: no worker (0 normally)")                   \
     XX(snapshot_load_pages, GAUGE, "pages restored from a snapshot at start")                     \
     XX(snapshot_load_skipped, GAUGE, "valid snapshot pages not restored at start (no room)")      \
     XX(snapshot_load_refused, GAUGE, "snapshot generations refused at start (corrupt or "         \

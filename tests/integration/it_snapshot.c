@@ -102,20 +102,25 @@ static size_t lookup_prompt(const itest_kvd_t *k)
     return lookup_known(k, SEED, NPAGES);
 }
 
-/* Path of the newest generation in sdir. */
-static void newest(char *out, size_t cap)
+/* Path of the newest generation in sdir; returns how many generations there are. */
+static size_t newest(char *out, size_t cap)
 {
+    size_t n = 0;
     DIR *d = opendir(sdir);
     assert_non_null(d);
     char best[256] = "";
     struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (!strncmp(e->d_name, "cache.", 6) && strlen(e->d_name) == 31 &&
-            strcmp(e->d_name, best) > 0)
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "cache.", 6) || strlen(e->d_name) != 31)
+            continue; /* the salt, a .tmp */
+        n++;
+        if (strcmp(e->d_name, best) > 0)
             snprintf(best, sizeof best, "%s", e->d_name);
+    }
     closedir(d);
     assert_true(best[0]);
     snprintf(out, cap, "%s/%s", sdir, best);
+    return n;
 }
 
 static void test_snapshot_restart(void **state)
@@ -273,6 +278,19 @@ static void test_snapshot_async(void **state)
                  during, refused);
     const char *off[] = {"config", "set", "snapshot_ms", "0", NULL};
     assert_int_equal(itest_kvctl(&k, out, sizeof out, off), 0);
+    /* two kvctl writes more: at least three generations written, so the last write(s) pruned
+     * one — and the end of every write (fsync, rename, directory fsync, that unlink) ran on
+     * the worker, not on the loop (a thread-identity count, not a timing) */
+    const char *snap[] = {"--timeout", "60000", "snapshot", NULL};
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(itest_kvctl(&k, out, sizeof out, snap), 0);
+    uint64_t written = itest_stat(&k, "snapshots_written");
+    assert_true(written >= 3);
+    char path[512], want[64];
+    assert_int_equal(newest(path, sizeof path), 2);
+    snprintf(want, sizeof want, "cache.%020" PRIu64 ".snap", written);
+    assert_non_null(strstr(path, want));
+    assert_int_equal(itest_stat(&k, "snapshot_ends_on_loop"), 0);
     kvc_close(&c);
     itest_assert_check(&k);
     uint64_t entries = itest_stat(&k, "cache_entries");

@@ -5,12 +5,14 @@
  * geometry, page bytes, namespace, salt, record CRC, record fields, truncation, trailing
  * bytes, oversized counts), the loader's fallback to the older generation and its rollback of
  * a half-restored file, the budget when the pool is smaller than the snapshot, generations
- * kept, stale .tmp files, a directory that cannot be listed, the salt file's checks, and
- * allocation failure during a load.
+ * kept, stale .tmp files, a directory that cannot be listed, the salt file's checks,
+ * allocation failure during a load, and the end of a sliced write (rename, pruning) done by
+ * the thread of its last flush, not by end's.
  * Fixture: core_fixture.h (3 tokens per page, 7 FP8 and 5 TQ3 pages).
  */
 #include "core_fixture.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -35,6 +37,9 @@
             fail_msg("%s -> %s: %s", #expr, kv_err_name(rc_), err);                                \
     } while (0)
 
+/* Every test that touches files gets a fresh /tmp/kvd-snap-test-XXXXXX as cmocka setup and
+ * loses it, with everything in it, as teardown — which cmocka runs after a failed test too,
+ * so no run leaves one behind. */
 static char tdir[64];
 
 static void tdir_make(void)
@@ -46,8 +51,22 @@ static void tdir_make(void)
 static void tdir_remove(void)
 {
     char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", tdir);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tdir);
     assert_int_equal(system(cmd), 0);
+}
+
+static int tdir_setup(void **state)
+{
+    (void)state;
+    tdir_make();
+    return 0;
+}
+
+static int tdir_teardown(void **state)
+{
+    (void)state;
+    tdir_remove();
+    return 0;
 }
 
 static const uint8_t fx_salt[32] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,
@@ -253,14 +272,20 @@ static void test_core_restore(void **state)
 /* ---- round trip -------------------------------------------------------------------------- */
 /* A fresh snapshot directory and a core with one 3-page prompt cached, snapshotted once: the
  * starting point of the parser, rollback and allocation-failure tests. */
-static kvd_core_t *snapped_core(kvd_snap_ident_t *id, kvd_snap_result_t *r)
+/* A core with one 3-page prompt cached (its logical ids in p1), and its identity. */
+static kvd_core_t *prompt_core(kvd_snap_ident_t *id, uint32_t p1[3])
 {
-    tdir_make();
     uint64_t s;
     kvd_core_t *a = session_core(&s);
-    uint32_t p1[3];
     cache_prompt(a, s, 1, 3, p1);
     ident(id, a);
+    return a;
+}
+
+static kvd_core_t *snapped_core(kvd_snap_ident_t *id, kvd_snap_result_t *r)
+{
+    uint32_t p1[3];
+    kvd_core_t *a = prompt_core(id, p1);
     char err[512] = "";
     SNAP_OK(kvd_snap_write(a, tdir, id, r, err, sizeof(err)));
     return a;
@@ -271,13 +296,9 @@ static kvd_core_t *snapped_core(kvd_snap_ident_t *id, kvd_snap_result_t *r)
  * file loads — and an entry converted meanwhile is written in its new format. */
 static void test_writer_vanished(void **state)
 {
-    tdir_make();
-    uint64_t s;
-    kvd_core_t *a = session_core(&s);
-    uint32_t p1[3];
-    cache_prompt(a, s, 1, 3, p1);
     kvd_snap_ident_t id;
-    ident(&id, a);
+    uint32_t p1[3];
+    kvd_core_t *a = prompt_core(&id, p1);
     char err[512] = "";
     kvd_snap_writer_t *w = NULL;
     SNAP_OK(kvd_snap_writer_begin(&w, a, tdir, &id, err, sizeof(err)));
@@ -308,6 +329,7 @@ static void test_writer_vanished(void **state)
     assert_int_equal(kvd_snap_writer_fill(w, a), KV_ERR_OK);
     assert_int_equal(kvd_snap_writer_end(&w, &r, err, sizeof(err)), KV_ERR_INTERNAL);
     assert_non_null(strstr(err, "before the last slice"));
+    assert_int_equal(r.settled_here, 1); /* no flush finished it: end removed the .tmp */
     char tmp[512];
     snprintf(tmp, sizeof(tmp), "%s/cache.%020u.snap.tmp", tdir, 2u);
     assert_int_equal(access(tmp, F_OK), -1);
@@ -316,9 +338,101 @@ static void test_writer_vanished(void **state)
     kvd_core_free(&a);
 }
 
+/* The end of a write belongs to the thread of the last flush (the daemon's libuv worker), not
+ * to end's (the loop): fsync, rename, directory fsync and the unlink of the generation that
+ * falls out — ≈ 0.3 s for a 400 MB file on ext4, which once froze the loop — or, after an
+ * error, the .tmp's unlink. Deterministic, no timing: the flushes run on a second thread; the
+ * directory is checked between that thread's last flush and end; a generation planted after
+ * that flush survives end (end prunes nothing); settled_here names the thread. */
+typedef struct flush_arg_s {
+    kvd_snap_writer_t *w;
+    int rc;
+} flush_arg_t;
+
+static void *flush_main(void *ud)
+{
+    flush_arg_t *f = ud;
+    f->rc = kvd_snap_writer_flush(f->w);
+    return NULL;
+}
+
+static int flush_on_thread(kvd_snap_writer_t *w)
+{
+    flush_arg_t f = {w, -1};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, flush_main, &f), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    return f.rc;
+}
+
+static void gen_path(char *out, size_t cap, unsigned gen, const char *suffix)
+{
+    snprintf(out, cap, "%s/cache.%020u.snap%s", tdir, gen, suffix);
+}
+
+static int gen_exists(unsigned gen, const char *suffix)
+{
+    char p[512];
+    gen_path(p, sizeof(p), gen, suffix);
+    return access(p, F_OK) == 0;
+}
+
+static void test_writer_end_off_thread(void **state)
+{
+    kvd_snap_ident_t id;
+    uint32_t p1[3];
+    kvd_core_t *a = prompt_core(&id, p1);
+    char err[512] = "";
+    kvd_snap_result_t r;
+    for (int i = 0; i < 2; i++) { /* generations 1 and 2: one thread does everything */
+        SNAP_OK(kvd_snap_write(a, tdir, &id, &r, err, sizeof(err)));
+        assert_int_equal(r.settled_here, 1);
+    }
+    kvd_snap_writer_t *w = NULL;
+    SNAP_OK(kvd_snap_writer_begin(&w, a, tdir, &id, err, sizeof(err)));
+    assert_int_equal(kvd_snap_writer_generation(w), 3);
+    assert_int_equal(kvd_snap_writer_fill(w, a), KV_ERR_OK);
+    assert_int_equal(flush_on_thread(w), KV_ERR_OK);
+    assert_true(kvd_snap_writer_finished(w));
+    /* before end: renamed, and generation 1 pruned, by the flushing thread */
+    assert_true(gen_exists(3, ""));
+    assert_false(gen_exists(3, ".tmp"));
+    assert_true(gen_exists(2, ""));
+    assert_false(gen_exists(1, ""));
+    char g1[512], g2[512];
+    gen_path(g1, sizeof(g1), 1, "");
+    gen_path(g2, sizeof(g2), 2, "");
+    size_t len;
+    uint8_t *b = read_file(g2, &len);
+    write_file(g1, b, len); /* a third generation again: end must leave it alone */
+    free(b);
+    SNAP_OK(kvd_snap_writer_end(&w, &r, err, sizeof(err)));
+    assert_int_equal(r.settled_here, 0);
+    assert_int_equal(r.generation, 3);
+    assert_int_equal(r.pages, 3);
+    assert_true(gen_exists(1, ""));
+    /* a failed rename (onto a directory): the flushing thread removes the .tmp, every
+     * generation stays, end reports the error and touches nothing */
+    SNAP_OK(kvd_snap_writer_begin(&w, a, tdir, &id, err, sizeof(err)));
+    assert_int_equal(kvd_snap_writer_generation(w), 4);
+    char g4[512];
+    gen_path(g4, sizeof(g4), 4, "");
+    assert_int_equal(mkdir(g4, 0700), 0);
+    assert_int_equal(kvd_snap_writer_fill(w, a), KV_ERR_OK);
+    assert_true(gen_exists(4, ".tmp"));
+    assert_int_equal(flush_on_thread(w), KV_ERR_IO);
+    assert_true(kvd_snap_writer_finished(w));
+    assert_false(gen_exists(4, ".tmp"));
+    assert_int_equal(kvd_snap_writer_end(&w, &r, err, sizeof(err)), KV_ERR_IO);
+    assert_non_null(strstr(err, "rename("));
+    assert_int_equal(r.settled_here, 0);
+    for (unsigned g = 1; g <= 3; g++)
+        assert_true(gen_exists(g, ""));
+    kvd_core_free(&a);
+}
+
 static void test_round_trip(void **state)
 {
-    tdir_make();
     uint64_t s;
     kvd_core_t *a = session_core(&s);
     uint32_t p1[3], p2[2];
@@ -375,7 +489,6 @@ static void test_round_trip(void **state)
     FX_CHECK(b);
     kvd_core_free(&b);
     kvd_core_free(&a);
-    tdir_remove();
 }
 
 /* ---- the parser: every corruption refused ------------------------------------------------ */
@@ -542,7 +655,6 @@ static void test_parser_refuses(void **state)
     free(good);
     free(b);
     kvd_core_free(&a);
-    tdir_remove();
 }
 
 /* ---- the loader: generations, fallback, rollback, budget --------------------------------- */
@@ -560,7 +672,6 @@ static void log_cb(void *ud, const char *line)
 
 static void test_generations_fallback(void **state)
 {
-    tdir_make();
     uint64_t s;
     kvd_core_t *a = session_core(&s);
     uint32_t p1[2], p2[2];
@@ -636,7 +747,6 @@ static void test_generations_fallback(void **state)
     kvd_core_free(&b);
     kvd_core_free(&only1);
     kvd_core_free(&a);
-    tdir_remove();
 }
 
 static void test_rollback_half_load(void **state)
@@ -670,12 +780,10 @@ static void test_rollback_half_load(void **state)
     kvd_core_free(&c);
     assert_int_equal(kvd_alloc_live(), live0);
     kvd_core_free(&a);
-    tdir_remove();
 }
 
 static void test_budget_keeps_newest(void **state)
 {
-    tdir_make();
     uint64_t s;
     kvd_core_t *a = session_core(&s);
     uint32_t p1[2], p2[3];
@@ -705,7 +813,6 @@ static void test_budget_keeps_newest(void **state)
     FX_CHECK(c);
     kvd_core_free(&c);
     kvd_core_free(&a);
-    tdir_remove();
 }
 
 /* Allocation failure at every point of a load: either it loaded, or it failed with nothing
@@ -736,7 +843,6 @@ static void test_load_oom(void **state)
     }
     assert_true(loaded);
     kvd_core_free(&a);
-    tdir_remove();
 }
 
 /* A directory that cannot be listed: write and load fail with IO naming it, nothing changes. */
@@ -763,7 +869,6 @@ static void test_bad_directory(void **state)
 /* ---- salt file --------------------------------------------------------------------------- */
 static void test_salt_file(void **state)
 {
-    tdir_make();
     char dir[128], path[160];
     snprintf(dir, sizeof(dir), "%s/snaps", tdir); /* made by the call, 0700 */
     uint8_t s1[32], s2[32];
@@ -792,7 +897,6 @@ static void test_salt_file(void **state)
     chmod(path, 0600);
     assert_int_equal(kvd_snap_salt_load(dir, s2, &created, err, sizeof(err)), KV_ERR_IO);
     assert_non_null(strstr(err, "exactly 32 bytes"));
-    tdir_remove();
 }
 
 int main(void)
@@ -800,15 +904,16 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc32c),
         cmocka_unit_test(test_core_restore),
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_parser_refuses),
-        cmocka_unit_test(test_generations_fallback),
-        cmocka_unit_test(test_rollback_half_load),
-        cmocka_unit_test(test_budget_keeps_newest),
-        cmocka_unit_test(test_load_oom),
+        cmocka_unit_test_setup_teardown(test_round_trip, tdir_setup, tdir_teardown),
+        cmocka_unit_test_setup_teardown(test_parser_refuses, tdir_setup, tdir_teardown),
+        cmocka_unit_test_setup_teardown(test_generations_fallback, tdir_setup, tdir_teardown),
+        cmocka_unit_test_setup_teardown(test_rollback_half_load, tdir_setup, tdir_teardown),
+        cmocka_unit_test_setup_teardown(test_budget_keeps_newest, tdir_setup, tdir_teardown),
+        cmocka_unit_test_setup_teardown(test_load_oom, tdir_setup, tdir_teardown),
         cmocka_unit_test(test_bad_directory),
-        cmocka_unit_test(test_salt_file),
-        cmocka_unit_test(test_writer_vanished),
+        cmocka_unit_test_setup_teardown(test_salt_file, tdir_setup, tdir_teardown),
+        cmocka_unit_test_setup_teardown(test_writer_vanished, tdir_setup, tdir_teardown),
+        cmocka_unit_test_setup_teardown(test_writer_end_off_thread, tdir_setup, tdir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
