@@ -58,3 +58,27 @@ int kvd_backend_check_args(kvd_backend_t **out, const kv_geom_t *geom,
     }
     return KV_ERR_OK;
 }
+
+int kvd_backend_convert_check(kvd_backend_t *b, kv_fmt_t src, kv_fmt_t dst, uint32_t n,
+                              const uint32_t *src_phys, const uint32_t *dst_phys, char *err,
+                              size_t errlen)
+{
+    if (src >= KV_FMT_COUNT || dst >= KV_FMT_COUNT || src == dst || n == 0 || !src_phys ||
+        !dst_phys) {
+        kvd_fmt(err, errlen, "convert(%d -> %d, %u pages): bad formats or arguments", (int)src,
+                (int)dst, n);
+        return KV_ERR_INVALID_ARGUMENT;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (src_phys[i] >= b->exp.pages[src] || dst_phys[i] >= b->exp.pages[dst]) {
+            kvd_fmt(err, errlen, "convert(%d:%u -> %d:%u): bad page (item %u of %u)", (int)src,
+                    src_phys[i], (int)dst, dst_phys[i], i, n);
+            return KV_ERR_INVALID_ARGUMENT;
+        }
+    }
+    if (b->test_fail_convert > 0 && --b->test_fail_convert == 0) {
+        kvd_fmt(err, errlen, "convert: injected failure (test hook)");
+        return KV_ERR_DEVICE;
+    }
+    return KV_ERR_OK;
+}

@@ -44,23 +44,32 @@ typedef struct kvd_export_s {
 
 typedef struct kvd_backend_s kvd_backend_t;
 
+/* Pages per conversion kernel launch on cuda (the device index buffer holds this many pairs);
+ * a longer batch is launched in pieces. */
+#define KVD_CONVERT_BATCH_MAX 1024u
+
 typedef struct kvd_backend_ops_s {
     const char *name;
-    /* Convert physical page src_phys of format src into dst_phys of format dst (FP8 → TQ3 is
-     * retier, TQ3 → FP8 promote). May be asynchronous: completion is only guaranteed after
-     * sync() returns 0. dst_phys must be a page nobody reads yet. Returns KV_ERR_OK, or
+    /* Convert n ≥ 1 physical pages of format src into pages of format dst (FP8 → TQ3 is
+     * retier, TQ3 → FP8 promote): src_phys[i] → dst_phys[i], one batch (cuda: one kernel
+     * launch per KVD_CONVERT_BATCH_MAX pages). May be asynchronous: completion is only
+     * guaranteed after sync() returns 0. Every dst_phys must be a page nobody reads yet, all
+     * distinct. Every index is checked before anything runs. Returns KV_ERR_OK, or
      * KV_ERR_INVALID_ARGUMENT / KV_ERR_DEVICE with a message in err[errlen]. */
-    int (*convert)(kvd_backend_t *b, kv_fmt_t src, uint32_t src_phys, kv_fmt_t dst,
-                   uint32_t dst_phys, char *err, size_t errlen);
+    int (*convert)(kvd_backend_t *b, kv_fmt_t src, kv_fmt_t dst, uint32_t n,
+                   const uint32_t *src_phys, const uint32_t *dst_phys, char *err, size_t errlen);
     /* Wait until every conversion issued so far has completed. KV_ERR_OK or KV_ERR_DEVICE. */
     int (*sync)(kvd_backend_t *b, char *err, size_t errlen);
     /* Release everything (unmap, close fds, free impl). Called once by kvd_backend_free. */
     void (*destroy)(kvd_backend_t *b);
-    /* Optional (NULL on host, where `dir` IS the shared memory): make entry `lid` of the host
-     * array `dir` visible in the shared copy, with one 64-bit write, before returning. The core
-     * calls it after every store into dir[] (pages.c). Both copies start all zero. KV_ERR_OK or
-     * KV_ERR_DEVICE. */
-    int (*dir_sync)(kvd_backend_t *b, uint32_t lid, char *err, size_t errlen);
+    /* Optional (NULL on host, where `dir` IS the shared memory): make entries lids[0..n) of the
+     * host array `dir` visible in the shared copy, each with one 64-bit write, before
+     * returning (cuda: n stream writes, one wait). The core calls it after its stores into
+     * dir[] (pages.c; a conversion batch publishes all its flips with one call). Both copies
+     * start all zero. KV_ERR_OK, KV_ERR_INVALID_ARGUMENT (an id beyond the directory: nothing
+     * written) or KV_ERR_DEVICE. */
+    int (*dir_sync)(kvd_backend_t *b, const uint32_t *lids, uint32_t n, char *err,
+                    size_t errlen);
     /* Copy physical page `phys` of format f to host memory buf[page_bytes[f]] (page_read) or
      * from it (page_write). Synchronous: the copy is complete when it returns. The snapshot
      * writer reads sealed (immutable) pages; the loader writes pages no one can see yet (not
@@ -81,7 +90,8 @@ struct kvd_backend_s {
     kv_pools_t pools;
     kv_dir_entry_t *dir; /* [exp.dir_entries], daemon's writable mapping */
     void *impl;
-    /* Test hook: when > 0, the n-th convert() from now fails with KV_ERR_DEVICE. */
+    /* Test hook: when > 0, the n-th convert() call from now fails with KV_ERR_DEVICE (a batch
+     * is one call). */
     uint32_t test_fail_convert;
 };
 
@@ -109,6 +119,12 @@ void kvd_backend_free(kvd_backend_t **b);
 /* Host pointer to physical page `phys` of format f in the daemon's mapping (host backend only;
  * NULL on cuda or out of range). For tests and the snapshot writer. */
 uint8_t *kvd_backend_host_page(kvd_backend_t *b, kv_fmt_t f, uint32_t phys);
+
+/* Arguments every backend's convert checks first (formats, n ≥ 1, every index in its pool),
+ * then the test hook (test_fail_convert). KV_ERR_OK, INVALID_ARGUMENT or DEVICE (injected). */
+int kvd_backend_convert_check(kvd_backend_t *b, kv_fmt_t src, kv_fmt_t dst, uint32_t n,
+                              const uint32_t *src_phys, const uint32_t *dst_phys, char *err,
+                              size_t errlen);
 
 /* Arguments every backend's create checks first: out non-NULL (set to NULL), a valid
  * geometry, pages non-NULL and at least one directory entry. KV_ERR_OK or INVALID_ARGUMENT. */

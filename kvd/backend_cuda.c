@@ -21,17 +21,17 @@
  *
  * The directory has two copies. backend.h's contract is that `b->dir` is a host array the core
  * writes with 64-bit atomic stores (its logic reads it back); kernels need it in device memory.
- * After each store the core calls ops->dir_sync(lid), which writes that one 8-byte entry to the
+ * After its stores the core calls ops->dir_sync(lids, n), which writes each 8-byte entry to the
  * device with cuStreamWriteValue64 on the daemon stream (a single aligned 64-bit write: a kernel
- * in another process sees the old entry or the new one, never a mix) and waits for it, so a
- * reply that names a page is only sent once the device entry is visible. Where 64-bit stream
+ * in another process sees the old entry or the new one, never a mix) and waits once for all of
+ * them, so a reply that names a page is only sent once the device entry is visible. Where 64-bit stream
  * memory operations are not supported, a synchronous 8-byte cuMemcpyHtoD is used instead
  * (aligned 8-byte copies are not split by the copy engine in practice; documented as the weaker
  * path in docs/backend-cuda.md). Both copies start all zero, and kv_dir_make(0, FP8, 0, 0) == 0.
  *
- * Conversions: convert() copies the two physical indices into a small device buffer and
- * launches kvk_cuda_page_retier / kvk_cuda_page_promote on the stream; sync() waits for the
- * stream. The core flips the directory only after sync() returned 0 (Minima-KV Algorithm 1).
+ * Conversions: convert() copies a batch's physical indices into a device buffer and launches
+ * kvk_cuda_page_retier / kvk_cuda_page_promote once per KVD_CONVERT_BATCH_MAX pages on the
+ * stream; sync() waits for the stream. The core flips the directory only after sync() returned 0 (Minima-KV Algorithm 1).
  *
  * Legacy mode (opt-in, KVD_CUDA_LEGACY_IPC=1 in the daemon's environment): pools and directory
  * are plain cuMemAlloc allocations exported with cuIpcGetMemHandle; each 64-byte handle is
@@ -114,7 +114,7 @@ typedef struct cuda_impl_s {
     int write_value64; /* cuStreamWriteValue64 usable */
     size_t gran;
     cuda_region_t reg[KVD_CUDA_REGIONS];
-    CUdeviceptr idx; /* [2] uint32: src_phys, dst_phys for one conversion */
+    CUdeviceptr idx; /* [2 · KVD_CONVERT_BATCH_MAX] uint32: src ids, then dst ids */
     kv_pools_t dpools;
 } cuda_impl_t;
 
@@ -185,36 +185,40 @@ static void cuda_destroy(kvd_backend_t *b)
     kvd_free(b);
 }
 
-static int cuda_convert(kvd_backend_t *b, kv_fmt_t src, uint32_t src_phys, kv_fmt_t dst,
-                        uint32_t dst_phys, char *err, size_t errlen)
+static int cuda_convert(kvd_backend_t *b, kv_fmt_t src, kv_fmt_t dst, uint32_t n,
+                        const uint32_t *src_phys, const uint32_t *dst_phys, char *err,
+                        size_t errlen)
 {
     cuda_impl_t *im = b->impl;
-    if (src >= KV_FMT_COUNT || dst >= KV_FMT_COUNT || src == dst || src_phys >= b->exp.pages[src] ||
-        dst_phys >= b->exp.pages[dst]) {
-        kvd_fmt(err, errlen, "convert(%d:%u -> %d:%u): bad format or page", (int)src, src_phys,
-                (int)dst, dst_phys);
-        return KV_ERR_INVALID_ARGUMENT;
-    }
-    if (b->test_fail_convert > 0 && --b->test_fail_convert == 0) {
-        kvd_fmt(err, errlen, "convert: injected failure (test hook)");
-        return KV_ERR_DEVICE;
-    }
-    int rc = cuda_enter(im, err, errlen);
+    int rc = kvd_backend_convert_check(b, src, dst, n, src_phys, dst_phys, err, errlen);
     if (rc != KV_ERR_OK)
         return rc;
-    uint32_t ix[2] = {src_phys, dst_phys};
-    /* Pageable source: the driver stages it before returning, so ix may go out of scope. */
-    CU_TRY(g_cu.cuMemcpyHtoDAsync(im->idx, ix, sizeof(ix), (CUstream)im->stream), err, errlen);
+    rc = cuda_enter(im, err, errlen);
+    if (rc != KV_ERR_OK)
+        return rc;
+    /* idx holds [src ids | dst ids] of one launch; stream order keeps a piece's ids until its
+     * kernel ran. Pageable sources: the driver stages them before returning. */
     const uint32_t *d_src = (const uint32_t *)(uintptr_t)im->idx;
-    kvk_status_t st =
-        src == KV_FMT_FP8
-            ? kvk_cuda_page_retier(&b->exp.geom, &im->dpools, 1, d_src, d_src + 1, im->stream)
-            : kvk_cuda_page_promote(&b->exp.geom, &im->dpools, 1, d_src, d_src + 1, im->stream);
-    if (st != KVK_OK) {
-        kvd_fmt(err, errlen, "backend cuda: %s(%u -> %u) failed: kvk status %d (%s)",
-                src == KV_FMT_FP8 ? "kvk_cuda_page_retier" : "kvk_cuda_page_promote", src_phys,
-                dst_phys, (int)st, cudaGetErrorString(cudaGetLastError()));
-        return KV_ERR_DEVICE;
+    const uint32_t *d_dst = d_src + KVD_CONVERT_BATCH_MAX;
+    for (uint32_t at = 0; at < n; at += KVD_CONVERT_BATCH_MAX) {
+        const uint32_t k = n - at < KVD_CONVERT_BATCH_MAX ? n - at : KVD_CONVERT_BATCH_MAX;
+        CU_TRY(g_cu.cuMemcpyHtoDAsync(im->idx, src_phys + at, k * sizeof(uint32_t),
+                                      (CUstream)im->stream),
+               err, errlen);
+        CU_TRY(g_cu.cuMemcpyHtoDAsync(im->idx + KVD_CONVERT_BATCH_MAX * sizeof(uint32_t),
+                                      dst_phys + at, k * sizeof(uint32_t), (CUstream)im->stream),
+               err, errlen);
+        kvk_status_t st =
+            src == KV_FMT_FP8
+                ? kvk_cuda_page_retier(&b->exp.geom, &im->dpools, k, d_src, d_dst, im->stream)
+                : kvk_cuda_page_promote(&b->exp.geom, &im->dpools, k, d_src, d_dst, im->stream);
+        if (st != KVK_OK) {
+            kvd_fmt(err, errlen, "backend cuda: %s(%u pages, first %u -> %u) failed: kvk status "
+                    "%d (%s)",
+                    src == KV_FMT_FP8 ? "kvk_cuda_page_retier" : "kvk_cuda_page_promote", k,
+                    src_phys[at], dst_phys[at], (int)st, cudaGetErrorString(cudaGetLastError()));
+            return KV_ERR_DEVICE;
+        }
     }
     return KV_ERR_OK;
 }
@@ -234,26 +238,32 @@ static int cuda_sync(kvd_backend_t *b, char *err, size_t errlen)
     return KV_ERR_OK;
 }
 
-static int cuda_dir_sync(kvd_backend_t *b, uint32_t lid, char *err, size_t errlen)
+static int cuda_dir_sync(kvd_backend_t *b, const uint32_t *lids, uint32_t n, char *err,
+                         size_t errlen)
 {
     cuda_impl_t *im = b->impl;
-    if (lid >= b->exp.dir_entries) {
-        kvd_fmt(err, errlen, "dir_sync(%u): beyond %u entries", lid, b->exp.dir_entries);
-        return KV_ERR_INVALID_ARGUMENT;
+    for (uint32_t i = 0; i < n; i++) {
+        if (lids[i] >= b->exp.dir_entries) {
+            kvd_fmt(err, errlen, "dir_sync(%u): beyond %u entries", lids[i], b->exp.dir_entries);
+            return KV_ERR_INVALID_ARGUMENT;
+        }
     }
     int rc = cuda_enter(im, err, errlen);
     if (rc != KV_ERR_OK)
         return rc;
-    kv_dir_entry_t e = __atomic_load_n(&b->dir[lid], __ATOMIC_ACQUIRE);
-    CUdeviceptr at = im->reg[KVD_CUDA_DIR].ptr + (CUdeviceptr)lid * sizeof(kv_dir_entry_t);
-    if (im->write_value64) {
-        CU_TRY(g_cu.cuStreamWriteValue64((CUstream)im->stream, at, (cuuint64_t)e,
-                                         CU_STREAM_WRITE_VALUE_DEFAULT),
-               err, errlen);
-        CU_TRY(g_cu.cuStreamSynchronize((CUstream)im->stream), err, errlen);
-    } else {
-        CU_TRY(g_cu.cuMemcpyHtoD(at, &e, sizeof(e)), err, errlen);
+    for (uint32_t i = 0; i < n; i++) {
+        kv_dir_entry_t e = __atomic_load_n(&b->dir[lids[i]], __ATOMIC_ACQUIRE);
+        CUdeviceptr at =
+            im->reg[KVD_CUDA_DIR].ptr + (CUdeviceptr)lids[i] * sizeof(kv_dir_entry_t);
+        if (im->write_value64)
+            CU_TRY(g_cu.cuStreamWriteValue64((CUstream)im->stream, at, (cuuint64_t)e,
+                                             CU_STREAM_WRITE_VALUE_DEFAULT),
+                   err, errlen);
+        else
+            CU_TRY(g_cu.cuMemcpyHtoD(at, &e, sizeof(e)), err, errlen);
     }
+    if (im->write_value64)
+        CU_TRY(g_cu.cuStreamSynchronize((CUstream)im->stream), err, errlen);
     return KV_ERR_OK;
 }
 
@@ -446,7 +456,7 @@ static int cuda_open_device(cuda_impl_t *im, char *err, size_t errlen)
                 cudaGetErrorString(ce));
         return KV_ERR_DEVICE;
     }
-    CU_TRY(g_cu.cuMemAlloc(&im->idx, 2 * sizeof(uint32_t)), err, errlen);
+    CU_TRY(g_cu.cuMemAlloc(&im->idx, 2 * KVD_CONVERT_BATCH_MAX * sizeof(uint32_t)), err, errlen);
     if (kvk_cuda_init() != KVK_OK) {
         kvd_fmt(err, errlen, "backend cuda: kvk_cuda_init failed: %s",
                 cudaGetErrorString(cudaGetLastError()));

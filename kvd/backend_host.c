@@ -50,27 +50,24 @@ static void host_destroy(kvd_backend_t *b)
     kvd_free(b);
 }
 
-static int host_convert(kvd_backend_t *b, kv_fmt_t src, uint32_t src_phys, kv_fmt_t dst,
-                        uint32_t dst_phys, char *err, size_t errlen)
+static int host_convert(kvd_backend_t *b, kv_fmt_t src, kv_fmt_t dst, uint32_t n,
+                        const uint32_t *src_phys, const uint32_t *dst_phys, char *err,
+                        size_t errlen)
 {
-    if (src >= KV_FMT_COUNT || dst >= KV_FMT_COUNT || src == dst ||
-        src_phys >= b->exp.pages[src] || dst_phys >= b->exp.pages[dst]) {
-        kvd_fmt(err, errlen, "convert(%d:%u -> %d:%u): bad format or page", (int)src, src_phys,
-                (int)dst, dst_phys);
-        return KV_ERR_INVALID_ARGUMENT;
-    }
-    if (b->test_fail_convert > 0 && --b->test_fail_convert == 0) {
-        kvd_fmt(err, errlen, "convert: injected failure (test hook)");
-        return KV_ERR_DEVICE;
-    }
-    const uint8_t *s = kvd_backend_host_page(b, src, src_phys);
-    uint8_t *d = kvd_backend_host_page(b, dst, dst_phys);
-    int rc = src == KV_FMT_FP8 ? kv_page_retier(&b->exp.geom, s, d)
-                               : kv_page_promote(&b->exp.geom, s, d);
-    if (rc != KVK_OK) {
-        kvd_fmt(err, errlen, "%s(%u -> %u) failed: kvk status %d",
-                src == KV_FMT_FP8 ? "kv_page_retier" : "kv_page_promote", src_phys, dst_phys, rc);
-        return rc == KVK_ENOMEM ? KV_ERR_NOMEM : KV_ERR_DEVICE;
+    int rc = kvd_backend_convert_check(b, src, dst, n, src_phys, dst_phys, err, errlen);
+    if (rc != KV_ERR_OK)
+        return rc;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *s = kvd_backend_host_page(b, src, src_phys[i]);
+        uint8_t *d = kvd_backend_host_page(b, dst, dst_phys[i]);
+        int k = src == KV_FMT_FP8 ? kv_page_retier(&b->exp.geom, s, d)
+                                  : kv_page_promote(&b->exp.geom, s, d);
+        if (k != KVK_OK) {
+            kvd_fmt(err, errlen, "%s(%u -> %u) failed: kvk status %d",
+                    src == KV_FMT_FP8 ? "kv_page_retier" : "kv_page_promote", src_phys[i],
+                    dst_phys[i], k);
+            return k == KVK_ENOMEM ? KV_ERR_NOMEM : KV_ERR_DEVICE;
+        }
     }
     return KV_ERR_OK;
 }

@@ -660,7 +660,15 @@ int kvd_core_cache_restore(kvd_core_t *c, const uint8_t hash[KVD_HASH_BYTES], kv
 }
 
 /* ---- conversions ------------------------------------------------------------------------- */
-int kvd_core_convert(kvd_core_t *c, uint32_t logical, kv_fmt_t dst)
+/* One page of a conversion batch after steps 1-2: conv ref taken, target allocated. */
+typedef struct conv_item_s {
+    uint32_t lid, src_phys, dst_phys;
+    kv_fmt_t src, dst;
+} conv_item_t;
+
+/* Checks, a free target page (evicting as alloc does, never the page itself) and the conv ref
+ * (the page leaves the LRU, so a later item's eviction cannot take it). */
+static int conv_prepare(kvd_core_t *c, uint32_t logical, kv_fmt_t dst, conv_item_t *it)
 {
     if (logical >= c->nlogical || (unsigned)dst >= KV_FMT_COUNT)
         return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "convert: logical %u / format %d invalid",
@@ -669,6 +677,10 @@ int kvd_core_convert(kvd_core_t *c, uint32_t logical, kv_fmt_t dst)
     if (p->state != KVD_PAGE_OPEN && p->state != KVD_PAGE_SEALED)
         return kvd__fail(c, KV_ERR_FAILED_PRECONDITION, "convert: logical page %u is %s",
                          logical, kvd_page_state_name((kvd_page_state_t)p->state));
+    if (p->conv)
+        return kvd__fail(c, KV_ERR_FAILED_PRECONDITION,
+                         "convert: logical page %u is already being converted (twice in a batch)",
+                         logical);
     kv_fmt_t src = (kv_fmt_t)p->fmt;
     if (src == dst)
         return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "convert: logical page %u is already %s",
@@ -676,67 +688,175 @@ int kvd_core_convert(kvd_core_t *c, uint32_t logical, kv_fmt_t dst)
     if (c->pool[dst].n == 0)
         return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "convert: no %s pool configured",
                          kvd_fmt_name(dst));
-    /* Latency on the real clock, not the injected one (which only ages pages). */
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = kvd__ensure_free(c, dst, 1, logical);
     if (rc != KV_ERR_OK)
         return rc;
-    /* 1. retain the source (conversion ref: off the LRU, cannot be retired under us) */
     p->conv++;
     kvd__refs_changed(c, logical);
-    /* 2. allocate and populate the target; 3. wait for the conversion to complete */
-    uint32_t src_phys = p->phys;
-    uint32_t dst_phys = kvd__phys_alloc(c, dst, logical);
-    KVD_ASSERT(dst_phys != KVD_NONE);
-    char err[256] = "";
-    rc = c->be->ops->convert(c->be, src, src_phys, dst, dst_phys, err, sizeof(err));
-    if (rc == KV_ERR_OK)
-        rc = c->be->ops->sync(c->be, err, sizeof(err));
-    if (rc != KV_ERR_OK) {
-        kvd__phys_unfill(c, dst, dst_phys); /* never published: no epoch needed */
-        p->conv--;
-        kvd__refs_changed(c, logical);
-        c->st.conversion_failures++;
-        return kvd__fail(c, rc, "convert of logical page %u to %s failed, source kept: %s",
-                         logical, kvd_fmt_name(dst), err);
-    }
-    /* 4. publish format and physical id with one atomic store */
-    if (p->cached) {
-        c->pool[src].ncached--;
-        c->pool[dst].ncached++;
-    }
-    KVD_ASSERT(!p->on_lru);
-    p->fmt = (uint8_t)dst;
-    p->phys = dst_phys;
-    c->pool[dst].pg[dst_phys].state = KVD_PHYS_LIVE;
-    uint32_t flags = KV_DIR_VALID | (p->state == KVD_PAGE_SEALED ? KV_DIR_SEALED : 0);
-    kvd__dir_publish(c, logical, dst, dst_phys, flags);
-    if (p->cached) {
-        /* only bound pages: an unsealed or unbound page is invisible to a router */
-        kvd_index_ev_t ev = {.kind = KVD_INDEX_EV_FORMAT, .logical = logical, .fmt = dst,
-                             .hash = p->hash};
-        kvd__index_event(c, &ev);
-    }
-    /* 5. retire the source: any kernel that resolved the old entry is tagged < epoch + 1 */
-    c->bump_pending = 1;
-    kvd__phys_retire(c, src, src_phys, KVD_NONE, c->epoch + 1);
-    p->conv--;
-    kvd__refs_changed(c, logical);
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    uint64_t ns = (uint64_t)((int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 +
-                             (t1.tv_nsec - t0.tv_nsec));
-    if (dst == KV_FMT_TQ3) {
-        c->st.retiers++;
-        c->st.retier_ns += ns;
-    } else {
-        c->st.promotes++;
-        c->st.promote_ns += ns;
-    }
-    kvd__cache_enforce_quota(c, dst);
-    kvd__epoch_publish(c);
+    it->lid = logical;
+    it->src = src;
+    it->dst = dst;
+    it->src_phys = p->phys;
+    it->dst_phys = kvd__phys_alloc(c, dst, logical);
+    KVD_ASSERT(it->dst_phys != KVD_NONE);
     return KV_ERR_OK;
+}
+
+/* Step 3 for every prepared item: one backend call per direction, one wait. */
+static int conv_run(kvd_core_t *c, const conv_item_t *it, uint32_t m, uint32_t *ids, char *err,
+                    size_t errlen)
+{
+    int rc = KV_ERR_OK;
+    for (int d = 0; d < KV_FMT_COUNT && rc == KV_ERR_OK; d++) { /* d: target format */
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < m; i++) {
+            if (it[i].dst == (kv_fmt_t)d) {
+                ids[k] = it[i].src_phys;
+                ids[m + k] = it[i].dst_phys;
+                k++;
+            }
+        }
+        if (k)
+            rc = c->be->ops->convert(c->be, d == KV_FMT_FP8 ? KV_FMT_TQ3 : KV_FMT_FP8,
+                                     (kv_fmt_t)d, k, ids, ids + m, err, errlen);
+    }
+    if (rc == KV_ERR_OK)
+        rc = c->be->ops->sync(c->be, err, errlen);
+    return rc;
+}
+
+/* Steps 4-5 for every item: flip the entries, publish them with one backend call, retire the
+ * sources under a new epoch, drop the conv refs. */
+static void conv_commit(kvd_core_t *c, const conv_item_t *it, uint32_t m, uint32_t *lids,
+                        uint64_t ns)
+{
+    int touched[KV_FMT_COUNT] = {0};
+    for (uint32_t i = 0; i < m; i++) {
+        kvd_lpage_t *p = &c->lp[it[i].lid];
+        if (p->cached) {
+            c->pool[it[i].src].ncached--;
+            c->pool[it[i].dst].ncached++;
+        }
+        KVD_ASSERT(!p->on_lru);
+        p->fmt = (uint8_t)it[i].dst;
+        p->phys = it[i].dst_phys;
+        c->pool[it[i].dst].pg[it[i].dst_phys].state = KVD_PHYS_LIVE;
+        uint32_t flags = KV_DIR_VALID | (p->state == KVD_PAGE_SEALED ? KV_DIR_SEALED : 0);
+        kvd__dir_store(c, it[i].lid, it[i].dst, it[i].dst_phys, flags);
+        lids[i] = it[i].lid;
+    }
+    kvd__dir_sync(c, lids, m);
+    for (uint32_t i = 0; i < m; i++) {
+        kvd_lpage_t *p = &c->lp[it[i].lid];
+        if (p->cached) {
+            /* only bound pages: an unsealed or unbound page is invisible to a router */
+            kvd_index_ev_t ev = {.kind = KVD_INDEX_EV_FORMAT, .logical = it[i].lid,
+                                 .fmt = it[i].dst, .hash = p->hash};
+            kvd__index_event(c, &ev);
+        }
+        /* any kernel that resolved the old entry is tagged < epoch + 1 */
+        c->bump_pending = 1;
+        kvd__phys_retire(c, it[i].src, it[i].src_phys, KVD_NONE, c->epoch + 1);
+        p->conv--;
+        kvd__refs_changed(c, it[i].lid);
+        /* the batch's real time, shared evenly: what a page cost including its wait */
+        if (it[i].dst == KV_FMT_TQ3) {
+            c->st.retiers++;
+            c->st.retier_ns += ns / m;
+        } else {
+            c->st.promotes++;
+            c->st.promote_ns += ns / m;
+        }
+        touched[it[i].dst] = 1;
+    }
+    for (int f = 0; f < KV_FMT_COUNT; f++)
+        if (touched[f])
+            kvd__cache_enforce_quota(c, (kv_fmt_t)f);
+    kvd__epoch_publish(c);
+}
+
+int kvd_core_convert_batch(kvd_core_t *c, uint32_t n, const uint32_t *logical,
+                           const kv_fmt_t *dst, int *rc_out)
+{
+    if (n == 0)
+        return KV_ERR_OK;
+    if (!logical || !dst || !rc_out)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "convert batch: NULL arguments");
+    conv_item_t *it = kvd_malloc((size_t)n * sizeof(*it));
+    uint32_t *ids = kvd_malloc((size_t)n * 2 * sizeof(uint32_t));
+    int *slot = kvd_malloc((size_t)n * sizeof(int)); /* item index of request i, or −1 */
+    if (!it || !ids || !slot) {
+        kvd_free(it);
+        kvd_free(ids);
+        kvd_free(slot);
+        return kvd__fail(c, KV_ERR_NOMEM, "convert batch: no memory for %u items", n);
+    }
+    /* Latency on the real clock, not the injected one (which only ages pages). */
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int first = KV_ERR_OK, full[KV_FMT_COUNT] = {0};
+    char first_msg[sizeof c->err] = "";
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        slot[i] = -1;
+        int rc;
+        if ((unsigned)dst[i] < KV_FMT_COUNT && full[dst[i]])
+            rc = KV_ERR_RESOURCE_EXHAUSTED; /* the first one said why; no second LRU walk */
+        else
+            rc = conv_prepare(c, logical[i], dst[i], &it[m]);
+        if (rc == KV_ERR_OK)
+            slot[i] = (int)m++;
+        else if (rc == KV_ERR_RESOURCE_EXHAUSTED)
+            full[dst[i]] = 1;
+        rc_out[i] = rc;
+        if (rc != KV_ERR_OK && first == KV_ERR_OK) {
+            first = rc;
+            kvd_fmt(first_msg, sizeof first_msg, "%s", c->err);
+        }
+    }
+    if (m > 0) {
+        char err[256] = "";
+        int brc = conv_run(c, it, m, ids, err, sizeof(err));
+        if (brc != KV_ERR_OK) {
+            for (uint32_t k = 0; k < m; k++) {
+                kvd__phys_unfill(c, it[k].dst, it[k].dst_phys); /* never published */
+                c->lp[it[k].lid].conv--;
+                kvd__refs_changed(c, it[k].lid);
+            }
+            c->st.conversion_failures += m;
+            for (uint32_t i = 0; i < n; i++)
+                if (slot[i] >= 0)
+                    rc_out[i] = brc;
+            if (m == 1)
+                kvd__fail(c, brc, "convert of logical page %u to %s failed, source kept: %s",
+                          it[0].lid, kvd_fmt_name(it[0].dst), err);
+            else
+                kvd__fail(c, brc, "convert of %u pages (first: logical %u to %s) failed, "
+                          "sources kept: %s", m, it[0].lid, kvd_fmt_name(it[0].dst), err);
+            if (first == KV_ERR_OK) {
+                first = brc;
+                kvd_fmt(first_msg, sizeof first_msg, "%s", c->err);
+            }
+        } else {
+            struct timespec t1;
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            uint64_t ns = (uint64_t)((int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 +
+                                     (t1.tv_nsec - t0.tv_nsec));
+            conv_commit(c, it, m, ids, ns);
+        }
+    }
+    kvd_free(it);
+    kvd_free(ids);
+    kvd_free(slot);
+    if (first != KV_ERR_OK)
+        kvd_fmt(c->err, sizeof c->err, "%s", first_msg); /* the first failure's reason */
+    return first;
+}
+
+int kvd_core_convert(kvd_core_t *c, uint32_t logical, kv_fmt_t dst)
+{
+    int rc;
+    return kvd_core_convert_batch(c, 1, &logical, &dst, &rc);
 }
 
 /* ---- checker ----------------------------------------------------------------------------- */

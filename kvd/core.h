@@ -329,6 +329,19 @@ int kvd_core_cache_restore(kvd_core_t *c, const uint8_t hash[KVD_HASH_BYTES], kv
  * backend's sync; the time spent (allocation, conversion and wait, real clock) is added to the
  * retier_ns / promote_ns counters of a published conversion. */
 int kvd_core_convert(kvd_core_t *c, uint32_t logical, kv_fmt_t dst);
+/* The same for n pages at once, logical[i] → dst[i]: every page is checked and gets its target
+ * (steps 1-2, in order), then ONE backend call per direction and one wait (cuda: one kernel
+ * launch per KVD_CONVERT_BATCH_MAX pages instead of a launch and a stream wait per page), then
+ * every entry flips and is published with one directory push, the sources retire under one
+ * new epoch. rc[i] is page i's result (as kvd_core_convert's); a page that failed its checks
+ * does not stop the others, a backend failure fails every prepared page (sources kept, targets
+ * freed, conversion_failures counts each). A page listed twice fails the second time
+ * (FAILED_PRECONDITION). Once a target pool is exhausted the remaining pages for it fail fast
+ * with RESOURCE_EXHAUSTED. Returns the first failure (its message in kvd_core_errmsg) or
+ * KV_ERR_OK; NOMEM for the scratch arrays. retier_ns / promote_ns get the batch's real time
+ * shared evenly between its pages. */
+int kvd_core_convert_batch(kvd_core_t *c, uint32_t n, const uint32_t *logical,
+                           const kv_fmt_t *dst, int *rc);
 
 /* ---- epochs and collection --------------------------------------------------------------- */
 /* Return to the free lists every retired page whose stamp ≤ min safe epoch of live sessions.

@@ -122,6 +122,10 @@ void kvd__phys_retire(kvd_core_t *c, kv_fmt_t f, uint32_t phys, uint32_t lid, ui
 uint32_t kvd__logical_alloc(kvd_core_t *c);
 /* Publish lid → (fmt, phys, flags) with one 64-bit atomic store, generation + 1. */
 void kvd__dir_publish(kvd_core_t *c, uint32_t lid, kv_fmt_t f, uint32_t phys, uint32_t flags);
+/* The two halves of kvd__dir_publish, for batches: store entries into dir[] (generation + 1),
+ * then push them to the backend's shared copy with one call (fatal when that fails). */
+void kvd__dir_store(kvd_core_t *c, uint32_t lid, kv_fmt_t f, uint32_t phys, uint32_t flags);
+void kvd__dir_sync(kvd_core_t *c, const uint32_t *lids, uint32_t n);
 /* Stamp lid as dropped by a live session now: stamp = epoch + 1, bump pending. */
 void kvd__stamp_drop(kvd_core_t *c, uint32_t lid);
 /* Re-derive LRU membership after a refcount change; retire the page when no ref is left. */

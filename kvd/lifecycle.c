@@ -49,6 +49,9 @@ struct kvd_lc_s {
     lc_cand_t *cand; /* [nlogical] */
     uint32_t ncand;
     kvd_lc_action_t *act; /* [nlogical] the plan handed out */
+    uint32_t *blid;       /* [nlogical] kvd_lc_act's batch: logical ids, */
+    kv_fmt_t *bdst;       /* targets */
+    int *brc;             /* and results */
     uint32_t window;      /* effective Recent window, 1 .. recent_pages */
     uint32_t backlog;     /* conversions the last executed tick left behind */
     int tq3_full_last;    /* the last tick that tried a retier was refused for space */
@@ -106,7 +109,11 @@ int kvd_lc_init(kvd_lc_t **out, const kvd_core_t *c, const kvd_lc_params_t *p)
     lc->touched = kvd_calloc(n, sizeof(*lc->touched));
     lc->cand = kvd_calloc(n, sizeof(*lc->cand));
     lc->act = kvd_calloc(n, sizeof(*lc->act));
-    if (!lc->tier || !lc->since || !lc->touched || !lc->cand || !lc->act) {
+    lc->blid = kvd_calloc(n, sizeof(*lc->blid));
+    lc->bdst = kvd_calloc(n, sizeof(*lc->bdst));
+    lc->brc = kvd_calloc(n, sizeof(*lc->brc));
+    if (!lc->tier || !lc->since || !lc->touched || !lc->cand || !lc->act || !lc->blid ||
+        !lc->bdst || !lc->brc) {
         kvd_lc_free(&lc);
         return KV_ERR_NOMEM;
     }
@@ -126,6 +133,9 @@ void kvd_lc_free(kvd_lc_t **lcp)
     kvd_free(lc->touched);
     kvd_free(lc->cand);
     kvd_free(lc->act);
+    kvd_free(lc->blid);
+    kvd_free(lc->bdst);
+    kvd_free(lc->brc);
     kvd_free(lc);
     *lcp = NULL;
 }
@@ -312,36 +322,40 @@ int kvd_lc_plan(kvd_lc_t *lc, const kvd_core_t *c, uint64_t now_ns, kvd_lc_plan_
 void kvd_lc_act(kvd_lc_t *lc, kvd_core_t *c, const kvd_lc_plan_t *plan, kvd_lc_result_t *res)
 {
     memset(res, 0, sizeof(*res));
-    uint32_t not_run = 0;
+    uint32_t not_run = 0, n = 0;
+    /* The plan's pages that are still what it saw (SEALED, other format), converted as ONE
+     * batch: one backend call per direction and one wait (kvd_core_convert_batch). */
     for (uint32_t i = 0; i < plan->n; i++) {
         const kvd_lc_action_t *a = &plan->act[i];
-        if ((a->dst == KV_FMT_TQ3 && res->tq3_full) || (a->dst == KV_FMT_FP8 && res->fp8_full)) {
-            not_run++;
-            continue;
-        }
-        /* Earlier conversions of this tick may have evicted (and freed) a planned page. */
         kvd_page_info_t pi;
         if (kvd_core_page_info(c, a->logical, &pi) != KV_ERR_OK || pi.state != KVD_PAGE_SEALED ||
             pi.fmt == a->dst) {
             res->skipped_changed++;
             continue;
         }
-        int rc = kvd_core_convert(c, a->logical, a->dst);
+        lc->blid[n] = a->logical;
+        lc->bdst[n] = a->dst;
+        n++;
+    }
+    kvd_core_convert_batch(c, n, lc->blid, lc->bdst, lc->brc); /* results per page: below */
+    for (uint32_t i = 0; i < n; i++) {
+        const int rc = lc->brc[i];
         if (rc == KV_ERR_OK) {
-            if (a->dst == KV_FMT_TQ3)
+            if (lc->bdst[i] == KV_FMT_TQ3)
                 res->retiered++;
             else
                 res->promoted++;
             continue;
         }
-        if (rc == KV_ERR_RESOURCE_EXHAUSTED && a->dst == KV_FMT_TQ3) {
-            res->tq3_full = 1; /* the core already evicted what it could; stop retiering */
-            lc->skipped_tq3++;
+        if (rc == KV_ERR_RESOURCE_EXHAUSTED) {
+            int *full = lc->bdst[i] == KV_FMT_TQ3 ? &res->tq3_full : &res->fp8_full;
+            if (!*full) /* counted once per tick, as when the pages ran one by one */
+                lc->bdst[i] == KV_FMT_TQ3 ? lc->skipped_tq3++ : lc->skipped_fp8++;
+            *full = 1; /* the core already evicted what it could: not run */
             not_run++;
-        } else if (rc == KV_ERR_RESOURCE_EXHAUSTED) {
-            res->fp8_full = 1;
-            lc->skipped_fp8++;
-            not_run++;
+        } else if (rc == KV_ERR_FAILED_PRECONDITION) {
+            res->skipped_changed++; /* an earlier page of the batch evicted it */
+            continue;
         } else {
             res->failures++;
         }

@@ -31,10 +31,11 @@
  * Two steps, so the policy can be tested without converting anything:
  *   kvd_lc_plan  pure: reads the core (const), writes only the plan and lc's scratch arrays.
  *                O(live sequence pages + logical ids) per call.
- *   kvd_lc_act   runs at most `batch` conversions of a plan, re-checking each page first.
- *                Conversions are BLOCKING calls today (kvd_core_convert waits for the
- *                backend: the CPU twin on host, a kernel + stream sync on cuda), so `batch`
- *                bounds how long one tick holds the daemon's loop.
+ *   kvd_lc_act   runs at most `batch` conversions of a plan, re-checking each page first, as
+ *                ONE kvd_core_convert_batch: one backend call per direction and one wait
+ *                (cuda: one kernel launch and one stream sync for the whole tick instead of
+ *                one per page). Conversions are BLOCKING (the CPU twins on host, the kernel on
+ *                cuda), so `batch` still bounds how long one tick holds the daemon's loop.
  * kvd_lc_tick = plan + act + timing; the daemon calls it from a libuv timer.
  *
  * Thread rule: the loop thread only, like the core. No logging here (kvdcore has no logger):

@@ -79,13 +79,19 @@ void kvd__pages_fini(kvd_core_t *c)
 /* Push entry lid to the backend's shared copy of the directory (cuda: device memory; host:
  * nothing, dir[] is the shared memfd). A failure here means the device copy no longer matches
  * the core's view; serving on would hand out wrong pages, so it is fatal. */
-static void dir_sync(kvd_core_t *c, uint32_t lid)
+void kvd__dir_sync(kvd_core_t *c, const uint32_t *lids, uint32_t n)
 {
-    if (!c->be->ops->dir_sync)
+    if (!c->be->ops->dir_sync || n == 0)
         return;
     char err[256] = "";
-    if (c->be->ops->dir_sync(c->be, lid, err, sizeof(err)) != KV_ERR_OK)
-        KVD_PANIC("directory entry %u could not be published to the device: %s", lid, err);
+    if (c->be->ops->dir_sync(c->be, lids, n, err, sizeof(err)) != KV_ERR_OK)
+        KVD_PANIC("%u directory entries (first %u) could not be published to the device: %s", n,
+                  lids[0], err);
+}
+
+static void dir_sync(kvd_core_t *c, uint32_t lid)
+{
+    kvd__dir_sync(c, &lid, 1);
 }
 
 uint32_t kvd__phys_alloc(kvd_core_t *c, kv_fmt_t f, uint32_t lid)
@@ -169,12 +175,17 @@ static void logical_free(kvd_core_t *c, uint32_t l)
     c->nlfree++;
 }
 
-void kvd__dir_publish(kvd_core_t *c, uint32_t lid, kv_fmt_t f, uint32_t phys, uint32_t flags)
+void kvd__dir_store(kvd_core_t *c, uint32_t lid, kv_fmt_t f, uint32_t phys, uint32_t flags)
 {
     kv_dir_entry_t old = __atomic_load_n(&c->dir[lid], __ATOMIC_RELAXED);
     /* One 64-bit store: a reader sees the old (fmt, phys) or the new one, never a mix. */
     __atomic_store_n(&c->dir[lid], kv_dir_make(phys, f, flags, kv_dir_gen(old) + 1),
                      __ATOMIC_RELEASE);
+}
+
+void kvd__dir_publish(kvd_core_t *c, uint32_t lid, kv_fmt_t f, uint32_t phys, uint32_t flags)
+{
+    kvd__dir_store(c, lid, f, phys, flags);
     dir_sync(c, lid);
 }
 

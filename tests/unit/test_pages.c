@@ -197,6 +197,85 @@ static void test_convert_flips_directory(void **state)
     kvd_core_free(&c);
 }
 
+/* kvd_core_convert_batch: retiers and promotes in one call convert exactly like single calls
+ * (same directory flips and bytes as page-by-page conversion of a twin core), one new epoch
+ * for the whole batch, per-page results for a duplicate, a bad id and a page already in the
+ * target format without stopping the others, and an injected backend failure rolls back
+ * every prepared page. */
+static void test_convert_batch(void **state)
+{
+    kvd_core_t *c = fx_core(), *t = fx_core();
+    uint64_t a, b;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    FX_OK(kvd_core_session_open(t, 1, 0, &b));
+    uint32_t ids[4], tid[4];
+    FX_OK(kvd_core_alloc(c, a, 4, ids));
+    FX_OK(kvd_core_alloc(t, b, 4, tid));
+    for (uint32_t i = 0; i < 4; i++) {
+        assert_int_equal(ids[i], tid[i]); /* same ids: the two cores are twins */
+        fx_fill_page(c, ids[i], 40 + i, NULL);
+        fx_fill_page(t, tid[i], 40 + i, NULL);
+    }
+    /* ids[2], ids[3] go TQ3 first so that the batch can promote them */
+    FX_OK(kvd_core_convert(c, ids[2], KV_FMT_TQ3));
+    FX_OK(kvd_core_convert(c, ids[3], KV_FMT_TQ3));
+    FX_OK(kvd_core_convert(t, tid[2], KV_FMT_TQ3));
+    FX_OK(kvd_core_convert(t, tid[3], KV_FMT_TQ3));
+    fx_quiesce(c, a);
+    fx_quiesce(t, b);
+    const kv_dir_entry_t *dir = kvd_core_backend(c)->dir, *tdir = kvd_core_backend(t)->dir;
+    uint64_t ep = kvd_core_epoch(c);
+    uint32_t lid[7] = {ids[0], ids[2], ids[1], ids[0], FX_FP8 + FX_TQ3 + 5, ids[3], ids[2]};
+    kv_fmt_t dst[7] = {KV_FMT_TQ3, KV_FMT_FP8, KV_FMT_TQ3, KV_FMT_TQ3,
+                       KV_FMT_TQ3, KV_FMT_FP8, KV_FMT_TQ3};
+    int rc[7];
+    assert_int_equal(kvd_core_convert_batch(c, 7, lid, dst, rc), KV_ERR_FAILED_PRECONDITION);
+    assert_int_equal(rc[0], KV_ERR_OK);
+    assert_int_equal(rc[1], KV_ERR_OK);
+    assert_int_equal(rc[2], KV_ERR_OK);
+    assert_int_equal(rc[3], KV_ERR_FAILED_PRECONDITION); /* ids[0] twice */
+    assert_int_equal(rc[4], KV_ERR_INVALID_ARGUMENT);    /* beyond the directory */
+    assert_int_equal(rc[5], KV_ERR_OK);
+    assert_int_equal(rc[6], KV_ERR_FAILED_PRECONDITION); /* ids[2] twice */
+    assert_non_null(strstr(kvd_core_errmsg(c), "already being converted"));
+    assert_int_equal(kvd_core_epoch(c), ep + 1); /* one epoch for the batch */
+    kvd_stats_t st = fx_stats(c);
+    assert_int_equal(st.retiers, 4);
+    assert_int_equal(st.promotes, 2);
+    FX_CHECK(c);
+    /* the same conversions one by one on the twin: the same entries and page bytes */
+    FX_OK(kvd_core_convert(t, tid[0], KV_FMT_TQ3));
+    FX_OK(kvd_core_convert(t, tid[2], KV_FMT_FP8));
+    FX_OK(kvd_core_convert(t, tid[1], KV_FMT_TQ3));
+    FX_OK(kvd_core_convert(t, tid[3], KV_FMT_FP8));
+    for (uint32_t i = 0; i < 4; i++) {
+        kv_fmt_t f = kv_dir_fmt(dir[ids[i]]);
+        assert_int_equal(f, kv_dir_fmt(tdir[tid[i]]));
+        assert_int_equal(kv_dir_flags(dir[ids[i]]), kv_dir_flags(tdir[tid[i]]));
+        const kv_geom_t *g = &kvd_core_backend(c)->exp.geom;
+        assert_memory_equal(kvd_backend_host_page(kvd_core_backend(c), f, kv_dir_phys(dir[ids[i]])),
+                            kvd_backend_host_page(kvd_core_backend(t), f, kv_dir_phys(tdir[tid[i]])),
+                            (size_t)kv_page_bytes(g, f));
+    }
+    /* a backend failure fails every prepared page, sources kept, targets freed */
+    fx_quiesce(c, a);
+    kv_dir_entry_t e0 = dir[ids[0]], e1 = dir[ids[1]];
+    uint32_t two[2] = {ids[0], ids[1]};
+    kv_fmt_t back[2] = {KV_FMT_FP8, KV_FMT_FP8};
+    uint32_t free8 = fx_stats(c).pages_free[KV_FMT_FP8];
+    kvd_core_backend(c)->test_fail_convert = 1;
+    assert_int_equal(kvd_core_convert_batch(c, 2, two, back, rc), KV_ERR_DEVICE);
+    assert_int_equal(rc[0], KV_ERR_DEVICE);
+    assert_int_equal(rc[1], KV_ERR_DEVICE);
+    assert_non_null(strstr(kvd_core_errmsg(c), "sources kept"));
+    assert_true(dir[ids[0]] == e0 && dir[ids[1]] == e1);
+    assert_int_equal(fx_stats(c).pages_free[KV_FMT_FP8], free8);
+    assert_int_equal(fx_stats(c).conversion_failures, 2);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+    kvd_core_free(&t);
+}
+
 static void test_convert_failure_keeps_source(void **state)
 {
     kvd_core_t *c = fx_core();
@@ -236,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_release_deferred_by_epoch),
         cmocka_unit_test(test_close_last_session_frees),
         cmocka_unit_test(test_convert_flips_directory),
+        cmocka_unit_test(test_convert_batch),
         cmocka_unit_test(test_convert_failure_keeps_source),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
