@@ -904,7 +904,8 @@ typedef struct eng_status_s {
     uint64_t fp8_used, tq3_used, fp8_total, tq3_total, fp8_cached, tq3_cached;
     uint64_t retiers, promotes, conversion_failures, seals, seal_dedupes, lookup_tokens_asked,
         lookup_tokens_hit, evictions_pressure, alloc_exhausted, lifecycle_ticks, request_refs,
-        lifecycle_skipped_tq3_full;
+        lifecycle_skipped_tq3_full, retier_ns, promote_ns, lifecycle_tick_ns,
+        lifecycle_tick_ns_max;
 } eng_status_t;
 
 static int eng_status(kvc_t *c, eng_status_t *st)
@@ -947,6 +948,10 @@ static int eng_status(kvc_t *c, eng_status_t *st)
         EST_("alloc_exhausted", alloc_exhausted),
         EST_("lifecycle_ticks", lifecycle_ticks),
         EST_("lifecycle_skipped_tq3_full", lifecycle_skipped_tq3_full),
+        EST_("retier_ns", retier_ns),
+        EST_("promote_ns", promote_ns),
+        EST_("lifecycle_tick_ns", lifecycle_tick_ns),
+        EST_("lifecycle_tick_ns_max", lifecycle_tick_ns_max),
         EST_("request_refs", request_refs),
 #undef EST_
     };
@@ -1395,7 +1400,8 @@ static int bench_engine(int argc, char **argv)
            "\"lifecycle_skipped_tq3_full\": %llu, \"seals\": %llu, \"seal_dedupes\": %llu, "
            "\"lookup_tokens_asked\": %llu, \"lookup_tokens_hit\": %llu, "
            "\"evictions_pressure\": %llu, \"alloc_exhausted\": %llu, \"request_refs_end\": "
-           "%llu},\n",
+           "%llu, \"conversion_us_per_page\": %.2f, \"lifecycle_tick_us_mean\": %.1f, "
+           "\"lifecycle_tick_us_max\": %.1f},\n",
            (unsigned long long)polls, (unsigned long long)fp8_max, (unsigned long long)tq3_max,
            (unsigned long long)st.fp8_used, (unsigned long long)st.tq3_used,
            (unsigned long long)st.fp8_cached, (unsigned long long)st.tq3_cached,
@@ -1404,7 +1410,13 @@ static int bench_engine(int argc, char **argv)
            (unsigned long long)st.lifecycle_skipped_tq3_full, (unsigned long long)st.seals,
            (unsigned long long)st.seal_dedupes, (unsigned long long)st.lookup_tokens_asked,
            (unsigned long long)st.lookup_tokens_hit, (unsigned long long)st.evictions_pressure,
-           (unsigned long long)st.alloc_exhausted, (unsigned long long)st.request_refs);
+           (unsigned long long)st.alloc_exhausted, (unsigned long long)st.request_refs,
+           st.retiers + st.promotes
+               ? (double)(st.retier_ns + st.promote_ns) / 1e3 / (double)(st.retiers + st.promotes)
+               : 0.0,
+           st.lifecycle_ticks ? (double)st.lifecycle_tick_ns / 1e3 / (double)st.lifecycle_ticks
+                              : 0.0,
+           (double)st.lifecycle_tick_ns_max / 1e3);
     printf("  \"workers\": [");
     for (uint32_t w = 0; w < o.workers; w++) {
         eng_wres_t *r = &sh.w[w];
