@@ -96,6 +96,19 @@ static void trace_row(uint32_t nblk, const char *what)
     std::vector<unsigned long long> t((size_t)nblk * 16);
     if (kvk_cuda_attn_trace(t.data(), nblk, 0) != 0)
         exit(3);
+    /* KVBENCH_TRACE_DUMP=dir: every block's 16 records as raw little-endian u64 in
+     * dir/<what>.bin (start/end global ns at 10/11, SM id at 12) for offline analysis */
+    if (const char *dd = getenv("KVBENCH_TRACE_DUMP")) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s.bin", dd, what);
+        for (char *c = path + strlen(dd) + 1; *c; c++)
+            if (*c == ' ')
+                *c = '_';
+        if (FILE *f = fopen(path, "wb")) {
+            fwrite(t.data(), sizeof(t[0]), t.size(), f);
+            fclose(f);
+        }
+    }
     unsigned long long g0 = ~0ull, g0max = 0, g1min = ~0ull, g1 = 0;
     double sum[10] = {0}, cnt[10] = {0}, cyc = 0, ns = 0;
     for (uint32_t b = 0; b < nblk; b++) {
