@@ -726,8 +726,9 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
  *     16-token tile, docs/perf.md). Two tiles per loop iteration (v11).
  *   - QK as Sᵀ = K·Qᵀ: the 16 tokens fill the MMA rows (v4); P is moved back to the PV
  *     operand layout by two movmatrix.trans.
- *   - 4 warps per block, 4 blocks per SM at d ≤ 128 (≤ 128 registers), 2 at d = 256; splits
- *     chosen so that all blocks are resident at once (kvk_cuda_attn_suggest_splits).
+ *   - 16 warps per block, one block per SM at d ≤ 128 (≤ 128 registers; v22, 4 blocks of 4
+ *     warps before), 2 blocks of 4 warps at d = 256; splits chosen so that all blocks are
+ *     resident at once (kvk_cuda_attn_suggest_splits).
  *   - v7/v8 cut the fixed per-block costs that a timeline probe (KVK_ATTN_TRACE below) showed:
  *     bank conflicts in the warp merge (padded s_o) and in the QK operand reads (padded q
  *     rows), per-coordinate recomputation of the warp weights, run-time divisions in the
@@ -736,22 +737,37 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
  * docs/perf.md has each version's figures and what limits the TQ3 path (latency at this
  * occupancy plus integer decode work; ~33% of copy bandwidth at B=8 128K).
  */
-constexpr int kFWarps = 4;
-constexpr int kFThreads = kFWarps * 32;
+/* v22: warps per block of the fast kernel. d ≤ 128: 16, ONE block per SM (the same warps per
+ * SM as v5-v21's 4 blocks of 4). Blocks sharing an SM finished 20-30 µs apart although they
+ * did the same work (the warp schedulers favour some blocks; timeline dump, docs/perf.md) and
+ * the SM then ran on with fewer warps; the warps of ONE block, taking every kWarps-th page,
+ * finish together, and a split 4× longer pays the prologue, the epilogue and the merge 4×
+ * less (B=8 32K FP8 −3%, TQ3 −3-5%). d = 256 keeps 2 blocks of 4: one block of 8 warps was
+ * 1.4× SLOWER for TQ3 at B=2 (16 splits instead of 33: the blocks' fixed costs did not shrink
+ * and half the blocks' latency hiding went); its in-SM spread was only 1.5-2 µs anyway. */
+#ifndef KVK_FAST_WARPS128
+#define KVK_FAST_WARPS128 16
+#endif
+#ifndef KVK_FAST_WARPS256
+#define KVK_FAST_WARPS256 4
+#endif
 
 template <int D> struct FastCfg {
     static constexpr uint32_t kStage8 = 32u * D + 128u; /* K codes, K scales, V codes, V scales */
     static constexpr uint32_t kStageT = 12u * D + 96u;  /* K units, γ, V units, scale, zero */
     /* v5: 4 blocks (16 warps) per SM at d ≤ 128 — the TQ3 path is latency-bound (v4 ncu) —
      * so the rings shrink to fit 4 blocks: 2 FP8 / 6 TQ3 stages */
-    static constexpr int kMinBlocks = D == 256 ? 2 : 4;
+    static constexpr int kWarps = D == 256 ? KVK_FAST_WARPS256 : KVK_FAST_WARPS128;
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kMinBlocks = (D == 256 ? 8 : 16) / kWarps;
     static constexpr int kNs8 = 2;
     static constexpr int kNsT = 6; /* even: TQ3 takes two tiles per iteration (v11) */
     static constexpr uint32_t kWarpBuf =
         kNs8 * kStage8 > kNsT * kStageT ? kNs8 * kStage8 : kNsT * kStageT;
-    static constexpr size_t kSmem = (size_t)kFWarps * kWarpBuf;
+    static constexpr size_t kSmem = (size_t)kWarps * kWarpBuf;
     static constexpr uint32_t kORow = D + D / 32; /* padded row of the warp-merge buffer */
-    static_assert(kSmem >= (size_t)kFWarps * kMaxGroup * kORow * sizeof(float), "merge overlay");
+    static_assert(kSmem >= (size_t)kWarps * kMaxGroup * kORow * sizeof(float), "merge overlay");
+    static_assert(kWarps >= 4, "at most two query heads per warp in the prologue");
     static_assert(kStage8 % 16 == 0 && kStageT % 16 == 0, "stage alignment");
 };
 
@@ -898,14 +914,14 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     const uint8_t *pool = a.pools.base[FMT];
     uint8_t *ring = sm.buf + (size_t)warp * C::kWarpBuf;
 
-    /* ---- this warp's tiles: pages p0 + warp + kFWarps·k of format FMT, 16 tokens each ---- */
+    /* ---- this warp's tiles: pages p0 + warp + kWarps·k of format FMT, 16 tokens each ---- */
     uint64_t it_base = (uint64_t)bk.p0 + warp;
     uint32_t it_mask = 0, it_phys = 0, it_ntok = 0;
     uint32_t cur_phys = 0, cur_ntok = 0, cur_tok = 0;
     /* one directory batch: the warp's next 32 pages, one per lane; it_mask marks those of
      * format FMT */
     auto refill = [&]() {
-        const uint64_t p = it_base + (uint64_t)kFWarps * lane;
+        const uint64_t p = it_base + (uint64_t)C::kWarps * lane;
         bool keep = false;
         it_phys = it_ntok = 0;
         if (p < bk.p1) {
@@ -919,7 +935,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
             }
         }
         it_mask = __ballot_sync(0xffffffffu, keep);
-        it_base += (uint64_t)kFWarps * 32u;
+        it_base += (uint64_t)C::kWarps * 32u;
     };
     /* v14: the common case (the next tile starts a page that the current batch holds) is
      * straight-line code; only a batch refill loops */
@@ -1009,19 +1025,22 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         cp_commit();
     };
 
-    /* v15: warp w loads query heads 2w, 2w + 1 (lane ℓ: coordinates ℓ·D/32 …) BEFORE the
-     * first NS − TPI tiles are requested (v7), so the query and the directory walk are in
-     * flight together; TQ3 rotates them in registers (fwht_warp); one barrier publishes them */
+    /* v15: warp w < kMaxGroup/2 loads query heads 2w, 2w + 1 (lane ℓ: coordinates ℓ·D/32 …)
+     * BEFORE the first NS − TPI tiles are requested (v7), so the query and the directory walk
+     * are in flight together; TQ3 rotates them in registers (fwht_warp); one barrier publishes
+     * them. The epilogue uses the same warp ↔ head map. (v22 with 16 warps: one head per warp
+     * over 8 warps instead measured 2-4% slower at B=8 32K: 128 registers instead of 122.) */
     constexpr int NE = D / 32;
-    static_assert(kMaxGroup == 2 * kFWarps, "two query heads per warp in the prologue");
-    float qr[2][NE];
+    constexpr int HPW = 2;
+    const bool qwarp = HPW * warp < (uint32_t)kMaxGroup; /* this warp holds query heads */
+    float qr[HPW][NE];
 #pragma unroll
-    for (int hw = 0; hw < 2; hw++) {
-        const uint32_t h = 2 * warp + hw;
+    for (int hw = 0; hw < HPW; hw++) {
+        const uint32_t h = HPW * warp + hw;
         const float *src = a.q + ((uint64_t)bk.s * a.q_heads + bk.h0 + h) * D + lane * NE;
 #pragma unroll
         for (int k = 0; k < NE; k++)
-            qr[hw][k] = h < bk.gh ? src[k] : 0.0f;
+            qr[hw][k] = qwarp && h < bk.gh ? src[k] : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < NS - TPI; i++)
@@ -1032,19 +1051,25 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         for (int k = 0; k < NE; k++) {
             const float sg = kv_rot_sign(geo.seed, lane * NE + k);
             neg |= (sg < 0.0f ? 1u : 0u) << k;
-            qr[0][k] *= sg;
-            qr[1][k] *= sg;
+#pragma unroll
+            for (int hw = 0; hw < HPW; hw++)
+                qr[hw][k] *= sg;
         }
         if (warp == 0)
             sm.sgn[lane] = neg;
-        fwht_warp<D>(qr[0], lane);
-        fwht_warp<D>(qr[1], lane);
+        if (qwarp) { /* warp-uniform */
+#pragma unroll
+            for (int hw = 0; hw < HPW; hw++)
+                fwht_warp<D>(qr[hw], lane);
+        }
     }
+    if (qwarp) {
 #pragma unroll
-    for (int hw = 0; hw < 2; hw++) {
+        for (int hw = 0; hw < HPW; hw++) {
 #pragma unroll
-        for (int k = 0; k < NE; k++)
-            sm.q[2 * warp + hw][lane * NE + k] = qr[hw][k];
+            for (int k = 0; k < NE; k++)
+                sm.q[HPW * warp + hw][lane * NE + k] = qr[hw][k];
+        }
     }
     __syncthreads();
     float qf = a.sm_scale * kLog2e;
@@ -1288,7 +1313,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     }
     __syncthreads(); /* every warp is done with the rings that s_o overlays */
     TRACE(14 + FMT);
-    /* [kFWarps][kMaxGroup][kORow]: element x of a row at x + x / 32. v7: with rows of exactly
+    /* [kWarps][kMaxGroup][kORow]: element x of a row at x + x / 32. v7: with rows of exactly
      * D floats, the stores below (lane → head 2t4 / 2t4+1, coordinate 4·(g8·D/32 + i/2) + …)
      * put all 32 lanes of a warp in one bank at d = 256 (16 at d = 128): 64 × 32-way
      * conflicts per warp; the FP8 epilogue at B=2 d=256 took 27k cycles, 14k padded
@@ -1322,24 +1347,24 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     }
     __syncthreads();
     const size_t part = ((size_t)bk.s * a.num_splits + bk.split) * KV_FMT_COUNT + (size_t)FMT;
-    /* v8: the per-head weights of the 4 warps, exp2(m_w − M) / L, once per head (they were
+    /* v8: the per-head weights of the kWarps warps, exp2(m_w − M) / L, once per head (they were
      * recomputed, with a division, for every one of the D coordinates); sm.l[w][h] is
      * overwritten by the weight (only thread h touches column h here) */
     if (tid < (uint32_t)kMaxGroup) {
         const uint32_t h = tid;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < kFWarps; w++)
+        for (int w = 0; w < C::kWarps; w++)
             M = sm.l[w][h] > 0.0f ? fmaxf(M, sm.m[w][h]) : M;
-        float f[kFWarps], L = 0.0f;
+        float f[C::kWarps], L = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kFWarps; w++) {
+        for (int w = 0; w < C::kWarps; w++) {
             f[w] = M != -INFINITY && sm.l[w][h] > 0.0f ? exp2f(sm.m[w][h] - M) : 0.0f;
             L += f[w] * sm.l[w][h];
         }
         const float rL = L > 0.0f ? 1.0f / L : 0.0f;
 #pragma unroll
-        for (int w = 0; w < kFWarps; w++)
+        for (int w = 0; w < C::kWarps; w++)
             sm.l[w][h] = f[w] * rL;
         if (h < bk.gh) {
             a.part_m[part * a.q_heads + bk.h0 + h] = L > 0.0f ? M * kLn2 : -INFINITY;
@@ -1351,15 +1376,15 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
      * holding coordinates ℓ·D/32 … (the s_o reads are conflict-free with the padded rows) */
     const float post = FMT == KV_FMT_TQ3 ? (float)(1.0 / sqrt((double)D)) : 1.0f;
 #pragma unroll
-    for (int hw = 0; hw < 2; hw++) {
-        const uint32_t h = 2 * warp + hw;
+    for (int hw = 0; hw < HPW && qwarp; hw++) { /* the prologue's warp ↔ head map */
+        const uint32_t h = HPW * warp + hw;
         float v[NE];
 #pragma unroll
         for (int k = 0; k < NE; k++) {
             const uint32_t x = lane * NE + k;
             float acc = 0.0f;
 #pragma unroll
-            for (int w = 0; w < kFWarps; w++) {
+            for (int w = 0; w < C::kWarps; w++) {
                 const float gw = sm.l[w][h];
                 if (gw != 0.0f)
                     acc += gw * (s_o[((size_t)w * kMaxGroup + h) * C::kORow + x + x / 32] +
@@ -1389,7 +1414,7 @@ template <int D>
 __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &bk, int fmt)
 {
     const size_t part = ((size_t)bk.s * a.num_splits + bk.split) * KV_FMT_COUNT + (size_t)fmt;
-    for (uint32_t i = threadIdx.x; i < bk.gh * D; i += kFThreads) {
+    for (uint32_t i = threadIdx.x; i < bk.gh * D; i += FastCfg<D>::kThreads) {
         const uint32_t h = i / D, x = i % D;
         if (x == 0) {
             a.part_m[part * a.q_heads + bk.h0 + h] = -INFINITY;
@@ -1400,12 +1425,14 @@ __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &b
 }
 
 template <int D>
-__global__ void __launch_bounds__(kFThreads, FastCfg<D>::kMinBlocks) attn_fast_kernel(AttnArgs a)
+__global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
+    attn_fast_kernel(AttnArgs a)
 {
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ __align__(16) float s_q[kMaxGroup][FastQRow<D>::kLen];
-    __shared__ float s_m[kFWarps][kMaxGroup], s_l[kFWarps][kMaxGroup], s_z[kFWarps][kMaxGroup];
-    __shared__ uint32_t s_tn[kFWarps][8];
+    constexpr int W = FastCfg<D>::kWarps, NT = FastCfg<D>::kThreads;
+    __shared__ float s_m[W][kMaxGroup], s_l[W][kMaxGroup], s_z[W][kMaxGroup];
+    __shared__ uint32_t s_tn[W][8];
     __shared__ uint32_t s_sgn[32];
 
     TRACE_GT(10);
@@ -1430,11 +1457,11 @@ __global__ void __launch_bounds__(kFThreads, FastCfg<D>::kMinBlocks) attn_fast_k
     /* which formats does this split hold at all? (v7: 4 ids, then 4 entries per thread in
      * flight, instead of one dependent id → entry pair per iteration) */
     bool has8 = false, hast = false;
-    for (uint32_t pb = bk.p0 + threadIdx.x; pb < bk.p1; pb += 4 * kFThreads) {
+    for (uint32_t pb = bk.p0 + threadIdx.x; pb < bk.p1; pb += 4 * NT) {
         uint32_t id[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const uint32_t p = pb + (uint32_t)k * kFThreads;
+            const uint32_t p = pb + (uint32_t)k * NT;
             id[k] = p < bk.p1 ? a.page_ids[bk.ip0 + p] : 0xffffffffu;
         }
 #pragma unroll
@@ -1616,7 +1643,7 @@ cudaError_t init_once()
 template <int D> cudaError_t launch_partial(const AttnArgs &a, dim3 grid, cudaStream_t st)
 {
     if (a.g.page_tokens % 16 == 0) {
-        attn_fast_kernel<D><<<grid, kFThreads, FastCfg<D>::kSmem, st>>>(a);
+        attn_fast_kernel<D><<<grid, FastCfg<D>::kThreads, FastCfg<D>::kSmem, st>>>(a);
         return cudaGetLastError();
     }
     attn_partial_kernel<D, KV_FMT_FP8><<<grid, kThreads, partial_smem<D, KV_FMT_FP8>(), st>>>(a);
@@ -1744,10 +1771,10 @@ extern "C" uint32_t kvk_cuda_attn_suggest_splits(uint32_t batch, uint32_t kv_hea
     const uint64_t blocks = (uint64_t)batch * kv_heads * ((group + kMaxGroup - 1) / kMaxGroup);
     if (blocks == 0 || max_pages == 0)
         return 1;
-    /* One wave: the v2 kernel's launch bounds guarantee 4 resident blocks per SM at
-     * head_dim ≤ 128 and 2 at 256, so that many blocks all run at once and each does the same
-     * work (a second, partial wave would idle most of the device at its end). At least 16
-     * pages (4 per warp) a split. */
+    /* One wave: the fast kernel's launch bounds guarantee kMinBlocks resident blocks per SM
+     * (v22: one block of 16 warps at head_dim ≤ 128, two of 4 at 256), so that many blocks all
+     * run at once and each does the same work (a second, partial wave would idle most of the
+     * device at its end). At least 16 pages a split. */
     const uint64_t per_sm = head_dim > 128 ? FastCfg<256>::kMinBlocks : FastCfg<128>::kMinBlocks;
     uint64_t want = (uint64_t)sm_count * per_sm / blocks;
     const uint64_t by_pages = max_pages / 16;
