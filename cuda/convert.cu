@@ -602,21 +602,34 @@ __device__ __forceinline__ void retier_row(const ConvParams &P, const WarpPlace 
     zero_pads(P, w, kind, dpage, dblk);
 }
 
+/* Per-warp setup shared by retier and promote: the block's sign masks in shared memory (all
+ * threads, one barrier), then this warp's place; false for a warp past the last chunk (it
+ * returns, having passed the barrier). */
+template <int D>
+__device__ __forceinline__ bool conv_warp(const ConvParams &P, uint32_t *s_sign, WarpPlace &w,
+                                          uint32_t (&hb)[2][2], uint32_t &q)
+{
+    signs_to_smem<D>(s_sign, P.seed);
+    __syncthreads();
+    const uint32_t wi = blockIdx.x * kWarps + (threadIdx.x >> 5);
+    if (wi >= P.heads * P.cpb)
+        return false; /* whole warp */
+    const uint32_t lane = threadIdx.x & 31u;
+    q = lane & 3u;
+    w = warp_place(P, wi, blockIdx.y);
+    h16_frags(lane, hb);
+    return true;
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads, Rt<D>::MINB) retier_kernel(ConvParams P)
 {
     constexpr int L = Rt<D>::L;
     __shared__ __align__(16) uint32_t s_sign[D / 4];
-    signs_to_smem<D>(s_sign, P.seed);
-    __syncthreads();
-
-    const uint32_t wi = blockIdx.x * kWarps + (threadIdx.x >> 5);
-    if (wi >= P.heads * P.cpb)
-        return; /* whole warp */
-    const uint32_t lane = threadIdx.x & 31u, q = lane & 3u;
-    const WarpPlace w = warp_place(P, wi, blockIdx.y);
-    uint32_t hb[2][2];
-    h16_frags(lane, hb);
+    WarpPlace w;
+    uint32_t hb[2][2], q;
+    if (!conv_warp<D>(P, s_sign, w, hb, q))
+        return;
     const uint32_t rowoff = w.token * D + L * q; /* this lane's first byte in a block */
     const uint64_t soff_k = w.soff(P, KV_KIND_K), soff_v = w.soff(P, KV_KIND_V);
 
@@ -832,16 +845,10 @@ template <int D>
 __global__ void __launch_bounds__(kThreads, Rt<D>::MINB) promote_kernel(ConvParams P)
 {
     __shared__ __align__(16) uint32_t s_sign[D / 4];
-    signs_to_smem<D>(s_sign, P.seed);
-    __syncthreads();
-
-    const uint32_t wi = blockIdx.x * kWarps + (threadIdx.x >> 5);
-    if (wi >= P.heads * P.cpb)
-        return; /* whole warp */
-    const uint32_t lane = threadIdx.x & 31u, q = lane & 3u;
-    const WarpPlace w = warp_place(P, wi, blockIdx.y);
-    uint32_t hb[2][2];
-    h16_frags(lane, hb);
+    WarpPlace w;
+    uint32_t hb[2][2], q;
+    if (!conv_warp<D>(P, s_sign, w, hb, q))
+        return;
     const uint64_t soff_k = w.soff(P, KV_KIND_K), soff_v = w.soff(P, KV_KIND_V);
 
     /* as retier: pair after pair, K then V, one row ahead, page ids two rows ahead */

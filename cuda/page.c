@@ -130,47 +130,48 @@ static void tq3_block_put(const kv_geom_t *g, int kind, uint8_t *blk, uint32_t t
     memcpy(blk + at, words, len);
 }
 
-static void tq3_block_get(const kv_geom_t *g, int kind, const uint8_t *blk, uint32_t t, float *x)
+/* TQ3 row t of block blk as one code byte per coordinate and its FP16 metadata (K: m[0] = γ;
+ * V: m[0] = scale, m[1] = zero). */
+static void tq3_block_row(const kv_geom_t *g, int kind, const uint8_t *blk, uint32_t t,
+                          uint8_t *codes, uint16_t m[2])
 {
     uint32_t words[TQ3_RUN_MAX_WORDS];
-    uint8_t codes[KV_MAX_HEAD_DIM];
     uint64_t meta = kv_block_meta_offset(g, KV_FMT_TQ3, kind);
     tq3_run_t r = tq3_run(g, kind, t);
-    uint16_t a, b;
     memcpy(words, blk + r.first * KV_TQ3_UNIT_WORDS * sizeof(uint32_t),
            (size_t)r.units * KV_TQ3_UNIT_WORDS * sizeof(uint32_t));
     for (uint32_t i = 0; i < g->head_dim; i++)
         codes[i] = (uint8_t)kv_tq3_get(words, kind, g->head_dim, r.t, i);
-    memcpy(&a, blk + meta + (uint64_t)t * 2, 2);
-    if (kind == KV_KIND_K) {
-        kv_tq3_decode_key(g->seed, g->head_dim, codes, a, x);
-    } else {
-        memcpy(&b, blk + meta + (uint64_t)g->page_tokens * 2 + (uint64_t)t * 2, 2);
-        kv_tq3_decode_value(g->seed, g->head_dim, codes, a, b, x);
-    }
+    memcpy(&m[0], blk + meta + (uint64_t)t * 2, 2);
+    m[1] = 0;
+    if (kind == KV_KIND_V)
+        memcpy(&m[1], blk + meta + (uint64_t)g->page_tokens * 2 + (uint64_t)t * 2, 2);
+}
+
+static void tq3_block_get(const kv_geom_t *g, int kind, const uint8_t *blk, uint32_t t, float *x)
+{
+    uint8_t codes[KV_MAX_HEAD_DIM];
+    uint16_t m[2];
+    tq3_block_row(g, kind, blk, t, codes, m);
+    if (kind == KV_KIND_K)
+        kv_tq3_decode_key(g->seed, g->head_dim, codes, m[0], x);
+    else
+        kv_tq3_decode_value(g->seed, g->head_dim, codes, m[0], m[1], x);
 }
 
 /* Promote row t of TQ3 block sb into FP8 block db (kv_tq3_*_to_fp8). */
 static void tq3_block_to_fp8(const kv_geom_t *g, int kind, const uint8_t *sb, uint32_t t,
                              uint8_t *db)
 {
-    uint32_t words[TQ3_RUN_MAX_WORDS];
     uint8_t codes[KV_MAX_HEAD_DIM];
-    uint64_t meta = kv_block_meta_offset(g, KV_FMT_TQ3, kind), d = g->head_dim;
-    tq3_run_t r = tq3_run(g, kind, t);
-    uint16_t a, b;
+    uint16_t m[2];
+    uint64_t d = g->head_dim;
     float s;
-    memcpy(words, sb + r.first * KV_TQ3_UNIT_WORDS * sizeof(uint32_t),
-           (size_t)r.units * KV_TQ3_UNIT_WORDS * sizeof(uint32_t));
-    for (uint32_t i = 0; i < g->head_dim; i++)
-        codes[i] = (uint8_t)kv_tq3_get(words, kind, g->head_dim, r.t, i);
-    memcpy(&a, sb + meta + (uint64_t)t * 2, 2);
-    if (kind == KV_KIND_K) {
-        kv_tq3_key_to_fp8(g->seed, g->head_dim, codes, a, db + t * d, &s);
-    } else {
-        memcpy(&b, sb + meta + (uint64_t)g->page_tokens * 2 + (uint64_t)t * 2, 2);
-        kv_tq3_value_to_fp8(g->seed, g->head_dim, codes, a, b, db + t * d, &s);
-    }
+    tq3_block_row(g, kind, sb, t, codes, m);
+    if (kind == KV_KIND_K)
+        kv_tq3_key_to_fp8(g->seed, g->head_dim, codes, m[0], db + t * d, &s);
+    else
+        kv_tq3_value_to_fp8(g->seed, g->head_dim, codes, m[0], m[1], db + t * d, &s);
     memcpy(db + kv_block_meta_offset(g, KV_FMT_FP8, KV_KIND_K) + (uint64_t)t * sizeof(float), &s,
            sizeof s);
 }
