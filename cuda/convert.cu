@@ -602,6 +602,36 @@ __device__ __forceinline__ void retier_row(const ConvParams &P, const WarpPlace 
     zero_pads(P, w, kind, dpage, dblk);
 }
 
+/* The pair loop of both kernels: pair after pair of this block's slice, the K row then the V
+ * row of the warp's chunk, so that every warp does the same mix of work. Software pipeline: a
+ * row is loaded one row ahead (the V row of pair i while K is converted, the K row of pair
+ * i + 1 while V is), a pair's page ids two rows ahead. load(row, kind, go, src page) fills a
+ * row (zeros when !go); run(row, kind, dst page) converts it; kind is an integral_constant. */
+template <typename Row, typename Load, typename Run>
+__device__ __forceinline__ void pair_loop(const ConvParams &P, const WarpPlace &w, Load load,
+                                          Run run)
+{
+    using KindK = std::integral_constant<int, KV_KIND_K>;
+    using KindV = std::integral_constant<int, KV_KIND_V>;
+    const uint64_t per =
+        P.n > blockIdx.z ? ((uint64_t)P.n - blockIdx.z + gridDim.z - 1) / gridDim.z : 0;
+    uint32_t sp, dp;
+    bool ok = pair_pages(P, 0, sp, dp);
+    Row rk, rv;
+    load(rk, KindK(), ok && w.rowok, sp);
+    for (uint64_t i = 0; i < per; i++) { /* 64-bit: n close to 2^32 cannot wrap */
+        const bool ok_i = ok;
+        uint8_t *dpage = P.dbase + (uint64_t)dp * P.dpage;
+        load(rv, KindV(), ok_i && w.rowok, sp);
+        ok = pair_pages(P, i + 1, sp, dp);
+        if (ok_i)
+            run(rk, KindK(), dpage);
+        load(rk, KindK(), ok && w.rowok, sp);
+        if (ok_i)
+            run(rv, KindV(), dpage);
+    }
+}
+
 /* Per-warp setup shared by retier and promote: the block's sign masks in shared memory (all
  * threads, one barrier), then this warp's place; false for a warp past the last chunk (it
  * returns, having passed the barrier). */
@@ -631,28 +661,14 @@ __global__ void __launch_bounds__(kThreads, Rt<D>::MINB) retier_kernel(ConvParam
     if (!conv_warp<D>(P, s_sign, w, hb, q))
         return;
     const uint32_t rowoff = w.token * D + L * q; /* this lane's first byte in a block */
-    const uint64_t soff_k = w.soff(P, KV_KIND_K), soff_v = w.soff(P, KV_KIND_V);
-
-    /* Pair after pair, K then V rows of the same chunk, so that every warp does the same mix of
-     * work. Software pipeline: a row is loaded one row ahead (the V row of pair i while K is
-     * computed, the K row of pair i + 1 while V is), a pair's page ids two rows ahead. */
-    const uint64_t per =
-        P.n > blockIdx.z ? ((uint64_t)P.n - blockIdx.z + gridDim.z - 1) / gridDim.z : 0;
-    uint32_t sp, dp;
-    bool ok = pair_pages(P, 0, sp, dp);
-    Fp8Row<D> rk, rv;
-    rk.load(P, ok && w.rowok, sp, soff_k, rowoff, w.token);
-    for (uint64_t i = 0; i < per; i++) {
-        const bool ok_i = ok;
-        uint8_t *dpage = P.dbase + (uint64_t)dp * P.dpage;
-        rv.load(P, ok_i && w.rowok, sp, soff_v, rowoff, w.token);
-        ok = pair_pages(P, i + 1, sp, dp);
-        if (ok_i)
-            retier_row<D, KV_KIND_K>(P, w, q, s_sign, hb, rk, dpage);
-        rk.load(P, ok && w.rowok, sp, soff_k, rowoff, w.token);
-        if (ok_i)
-            retier_row<D, KV_KIND_V>(P, w, q, s_sign, hb, rv, dpage);
-    }
+    pair_loop<Fp8Row<D>>(
+        P, w,
+        [&](Fp8Row<D> &r, auto kind, bool go, uint32_t sp) {
+            r.load(P, go, sp, w.soff(P, kind), rowoff, w.token);
+        },
+        [&](const Fp8Row<D> &r, auto kind, uint8_t *dpage) {
+            retier_row<D, decltype(kind)::value>(P, w, q, s_sign, hb, r, dpage);
+        });
 }
 
 /* ---- promote (v2: the exact integer transform on the tensor cores; tq3.c "promote") -------
@@ -849,26 +865,14 @@ __global__ void __launch_bounds__(kThreads, Rt<D>::MINB) promote_kernel(ConvPara
     uint32_t hb[2][2], q;
     if (!conv_warp<D>(P, s_sign, w, hb, q))
         return;
-    const uint64_t soff_k = w.soff(P, KV_KIND_K), soff_v = w.soff(P, KV_KIND_V);
-
-    /* as retier: pair after pair, K then V, one row ahead, page ids two rows ahead */
-    const uint64_t per =
-        P.n > blockIdx.z ? ((uint64_t)P.n - blockIdx.z + gridDim.z - 1) / gridDim.z : 0;
-    uint32_t sp, dp;
-    bool ok = pair_pages(P, 0, sp, dp);
-    Tq3Row<D> rk, rv;
-    rk.template load<KV_KIND_K>(P, w, ok && w.rowok, sp, soff_k, q);
-    for (uint64_t i = 0; i < per; i++) {
-        const bool ok_i = ok;
-        uint8_t *dpage = P.dbase + (uint64_t)dp * P.dpage;
-        rv.template load<KV_KIND_V>(P, w, ok_i && w.rowok, sp, soff_v, q);
-        ok = pair_pages(P, i + 1, sp, dp);
-        if (ok_i)
-            promote_row<D, KV_KIND_K>(P, w, q, s_sign, hb, rk, dpage);
-        rk.template load<KV_KIND_K>(P, w, ok && w.rowok, sp, soff_k, q);
-        if (ok_i)
-            promote_row<D, KV_KIND_V>(P, w, q, s_sign, hb, rv, dpage);
-    }
+    pair_loop<Tq3Row<D>>(
+        P, w,
+        [&](Tq3Row<D> &r, auto kind, bool go, uint32_t sp) {
+            r.template load<decltype(kind)::value>(P, w, go, sp, w.soff(P, kind), q);
+        },
+        [&](const Tq3Row<D> &r, auto kind, uint8_t *dpage) {
+            promote_row<D, decltype(kind)::value>(P, w, q, s_sign, hb, r, dpage);
+        });
 }
 
 /* Blocks of the retier (promote) kernel resident on the whole GPU: SM count × blocks per SM,
