@@ -253,10 +253,12 @@ int kvd_core_alloc(kvd_core_t *c, uint64_t sid, uint32_t n, uint32_t *logical_ou
         p->stamp = 0;
         p->last_use_ns = now;
         c->pool[KV_FMT_FP8].pg[phys].state = KVD_PHYS_LIVE;
-        kvd__dir_publish(c, lid, KV_FMT_FP8, phys, KV_DIR_VALID);
+        kvd__dir_store(c, lid, KV_FMT_FP8, phys, KV_DIR_VALID);
         take_loose(c, s, lid, now);
         logical_out[i] = lid;
     }
+    /* one push for the n entries (cuda: n stream writes, one wait) before the reply names them */
+    kvd__dir_sync(c, logical_out, n);
     c->st.alloc_pages += n;
     return KV_ERR_OK;
 }
