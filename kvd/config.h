@@ -58,7 +58,7 @@
     XX(anchor_pages, U64, 0, 16777216, "", KVD_CFG_STR(KVD_LC_DEFAULT_ANCHOR_PAGES), 1,            \
        "Anchor sinks: the first N pages of each sequence stay FP8")                                \
     XX(retier_batch, U64, 1, 65536, "", KVD_CFG_STR(KVD_LC_DEFAULT_BATCH), 1,                      \
-       "max conversions per lifecycle tick (each one blocks the loop)")                            \
+       "max conversions per lifecycle tick (one batch; it blocks the loop)")                       \
     XX(fp8_low_watermark, U64, 0, 100, "", KVD_CFG_STR(KVD_LC_DEFAULT_FP8_LOW_PCT), 1,             \
        "FP8 free+evictable+retiring pages below this % of the pool halve the Recent window")       \
     XX(cache_retier_ms, U64, 0, 604800000, "", "0", 1,                                             \
