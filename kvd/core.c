@@ -791,6 +791,8 @@ int kvd_core_convert_batch(kvd_core_t *c, uint32_t n, const uint32_t *logical,
         kvd_free(it);
         kvd_free(ids);
         kvd_free(slot);
+        for (uint32_t i = 0; i < n; i++)
+            rc_out[i] = KV_ERR_NOMEM; /* nothing was touched */
         return kvd__fail(c, KV_ERR_NOMEM, "convert batch: no memory for %u items", n);
     }
     /* Latency on the real clock, not the injected one (which only ages pages). */
