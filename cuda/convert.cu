@@ -703,7 +703,8 @@ template <int D> struct Tq3Row {
             constexpr int NU = Rt<D>::NV >= 32 ? Rt<D>::NV / 32 : 1;
 #pragma unroll
             for (int k = 0; k < NU; k++) {
-                const uint32_t unit = D == 64 ? w.token * 2 + q / 2 : w.token * (D / 32) + q + 4 * k;
+                const uint32_t unit =
+                    D == 64 ? w.token * 2 + q / 2 : w.token * (D / 32) + q + 4 * k;
 #pragma unroll
                 for (int b = 0; b < 3; b++)
                     u[k][b] = __ldg(cw + (uint64_t)unit * 3 + b);
@@ -775,17 +776,18 @@ __device__ __forceinline__ void promote_row(const ConvParams &P, const WarpPlace
             /* 1024 + 2c in each half, minus 1031 = 2c − 7 (doubling 1024 + c would need the
              * constant 2055, which FP16 cannot hold) */
             const uint32_t h2 = code_h2(2 * unit_code(lu[k], p, 0), 2 * unit_code(lu[k], p, 1));
-            const __half2 e = __hsub2(*reinterpret_cast<const __half2 *>(&h2),
-                                      __half2(__ushort_as_half(0x6407u), __ushort_as_half(0x6407u)));
+            const __half2 m1031(__ushort_as_half(0x6407u), __ushort_as_half(0x6407u));
+            const __half2 e = __hsub2(*reinterpret_cast<const __half2 *>(&h2), m1031);
             hp[P2] = *reinterpret_cast<const uint32_t *>(&e);
         }
     } else {
 #pragma unroll
         for (int P2 = 0; P2 < NV / 2; P2++) { /* group j/16, coordinates 2i, 2i + 1 of it */
             const int g = (2 * P2) / 16, i = P2 % 8;
-            const uint32_t h = code_h2(unit_code(row.u[g], 2 * i, 0), unit_code(row.u[g], 2 * i + 1, 0));
-            const __half2 c = __hsub2(*reinterpret_cast<const __half2 *>(&h),
-                                      __half2(__ushort_as_half(0x6400u), __ushort_as_half(0x6400u)));
+            const uint32_t h =
+                code_h2(unit_code(row.u[g], 2 * i, 0), unit_code(row.u[g], 2 * i + 1, 0));
+            const __half2 m1024(__ushort_as_half(0x6400u), __ushort_as_half(0x6400u));
+            const __half2 c = __hsub2(*reinterpret_cast<const __half2 *>(&h), m1024);
             hp[P2] = *reinterpret_cast<const uint32_t *>(&c);
         }
     }

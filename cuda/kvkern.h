@@ -99,14 +99,16 @@ static inline uint32_t kv_attn_num_parts(uint32_t batch, uint32_t num_splits)
     return batch * num_splits * KV_FMT_COUNT;
 }
 int kv_attn_partial(const kv_geom_t *g, const kv_pools_t *pools, const kv_dir_entry_t *dir,
-                    uint32_t dir_len, const kv_attn_batch_t *b, const float *q /*[batch][q_heads][d]*/,
-                    uint32_t num_splits, float *part_m, float *part_l, float *part_o);
+                    uint32_t dir_len, const kv_attn_batch_t *b,
+                    const float *q /*[batch][q_heads][d]*/, uint32_t num_splits, float *part_m,
+                    float *part_l, float *part_o);
 /* Merge the partitions of each sequence by online softmax (Minima-KV eqs. 11–13).
  * parts_per_seq partitions per sequence, consecutive. out: [batch][q_heads][d]. A sequence
  * whose partitions are all empty gets a zero output. */
 int kv_attn_merge(uint32_t batch, uint32_t parts_per_seq, uint32_t q_heads, uint32_t d,
                   const float *part_m, const float *part_l, const float *part_o, float *out);
-/* Float64 dense reference: attention on the decoded pages, no partitions. out [batch][q_heads][d]. */
+/* Float64 dense reference: attention on the decoded pages, no partitions.
+ * out [batch][q_heads][d]. */
 int kv_attn_reference(const kv_geom_t *g, const kv_pools_t *pools, const kv_dir_entry_t *dir,
                       uint32_t dir_len, const kv_attn_batch_t *b, const float *q, double *out);
 

@@ -293,7 +293,8 @@ static void fp8_zero_row(uint32_t d, uint8_t *fp8, float *scale)
 static void fp8_signed_codes(uint64_t seed, uint32_t d, const float *x, float r, uint8_t *fp8)
 {
     for (uint32_t i = 0; i < d; i++)
-        fp8[i] = (uint8_t)(kv_fp8_from_float(x[i] * r) ^ (kv_rot_sign(seed, i) < 0.0f ? 0x80u : 0u));
+        fp8[i] = (uint8_t)(kv_fp8_from_float(x[i] * r) ^
+                           (kv_rot_sign(seed, i) < 0.0f ? 0x80u : 0u));
 }
 
 void kv_tq3_key_to_fp8(uint64_t seed, uint32_t d, const uint8_t *codes, uint16_t norm,

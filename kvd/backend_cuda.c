@@ -24,14 +24,16 @@
  * After its stores the core calls ops->dir_sync(lids, n), which writes each 8-byte entry to the
  * device with cuStreamWriteValue64 on the daemon stream (a single aligned 64-bit write: a kernel
  * in another process sees the old entry or the new one, never a mix) and waits once for all of
- * them, so a reply that names a page is only sent once the device entry is visible. Where 64-bit stream
- * memory operations are not supported, a synchronous 8-byte cuMemcpyHtoD is used instead
+ * them, so a reply that names a page is only sent once the device entry is visible. Where
+ * 64-bit stream memory operations are not supported, a synchronous 8-byte cuMemcpyHtoD per
+ * entry is used instead
  * (aligned 8-byte copies are not split by the copy engine in practice; documented as the weaker
  * path in docs/backend-cuda.md). Both copies start all zero, and kv_dir_make(0, FP8, 0, 0) == 0.
  *
  * Conversions: convert() copies a batch's physical indices into a device buffer and launches
  * kvk_cuda_page_retier / kvk_cuda_page_promote once per KVD_CONVERT_BATCH_MAX pages on the
- * stream; sync() waits for the stream. The core flips the directory only after sync() returned 0 (Minima-KV Algorithm 1).
+ * stream; sync() waits for the stream. The core flips the directory only after sync() returned
+ * 0 (Minima-KV Algorithm 1).
  *
  * Legacy mode (opt-in, KVD_CUDA_LEGACY_IPC=1 in the daemon's environment): pools and directory
  * are plain cuMemAlloc allocations exported with cuIpcGetMemHandle; each 64-byte handle is

@@ -1073,8 +1073,8 @@ static kv_err_t kvd_op_page_info(kvd_req_ctx_t *c)
     b_->hash.len = KVD_HASH_BYTES;
     b_->generation = (uint32_t)kv_dir_gen(kvd_core_backend(c->s->core)->dir[p.logical]);
     snprintf(det, 256,
-             "loose=%u seq=%u cache=%u pins=%u conv=%u on_lru=%d owner_session=%" PRIu64, p.req_loose,
-             p.req_seq, p.cache, p.pins, p.conv, p.on_lru, p.owner_sid);
+             "loose=%u seq=%u cache=%u pins=%u conv=%u on_lru=%d owner_session=%" PRIu64,
+             p.req_loose, p.req_seq, p.cache, p.pins, p.conv, p.on_lru, p.owner_sid);
     b_->detail = det;
     return KV_ERR_OK;
 }

@@ -31,10 +31,10 @@
  *
  * Thread rule: the daemon's loop thread (it calls into the core), except
  * kvd_snap_writer_flush, which touches only the writer's file, names and buffer and may run on
- * a worker thread (one at a time, never concurrently with fill/end on the same writer). kvd_snap_write
- * blocks for the whole write (the daemon's SIGTERM snapshot); the periodic and the kvctl
- * snapshots use the writer so that the loop only blocks for one slice's copy at a time
- * (docs/snapshot.md gives measured figures; docs/decisions.md 41, 42).
+ * a worker thread (one at a time, never concurrently with fill/end on the same writer).
+ * kvd_snap_write blocks for the whole write (the daemon's SIGTERM snapshot); the periodic and
+ * the kvctl snapshots use the writer so that the loop only blocks for one slice's copy at a
+ * time (docs/snapshot.md gives measured figures; docs/decisions.md 41, 42).
  */
 #ifndef KVD_SNAPSHOT_H
 #define KVD_SNAPSHOT_H

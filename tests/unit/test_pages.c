@@ -253,9 +253,10 @@ static void test_convert_batch(void **state)
         assert_int_equal(f, kv_dir_fmt(tdir[tid[i]]));
         assert_int_equal(kv_dir_flags(dir[ids[i]]), kv_dir_flags(tdir[tid[i]]));
         const kv_geom_t *g = &kvd_core_backend(c)->exp.geom;
-        assert_memory_equal(kvd_backend_host_page(kvd_core_backend(c), f, kv_dir_phys(dir[ids[i]])),
-                            kvd_backend_host_page(kvd_core_backend(t), f, kv_dir_phys(tdir[tid[i]])),
-                            (size_t)kv_page_bytes(g, f));
+        kvd_backend_t *bc = kvd_core_backend(c), *bt = kvd_core_backend(t);
+        const uint8_t *pc = kvd_backend_host_page(bc, f, kv_dir_phys(dir[ids[i]]));
+        const uint8_t *pt = kvd_backend_host_page(bt, f, kv_dir_phys(tdir[tid[i]]));
+        assert_memory_equal(pc, pt, (size_t)kv_page_bytes(g, f));
     }
     /* a backend failure fails every prepared page, sources kept, targets freed */
     fx_quiesce(c, a);
