@@ -558,6 +558,7 @@ static void test_bundle_unpacks_and_serves(void **state)
                           "libprotobuf-c.so.1\n",
                           "kvd.conf\n",
                           "kvd@.service\n",
+                          "kvd-mps@.service\n",
                           NULL};
     for (int i = 0; want[i]; i++)
         if (!strstr(out, want[i]))
