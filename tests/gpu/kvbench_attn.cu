@@ -15,7 +15,9 @@
  * kvk_cuda_attn_merge as plain launches, "ms_partial" = the partial kernel alone. Rows with
  * "sweep": decode at other split counts at 32K. Env: KVBENCH_LENS=32768,... only those lengths,
  * KVBENCH_SWEEP=0 no sweep. Built with -DKVK_ATTN_TRACE (with attn.cu) it also prints a
- * per-block timeline summary of one decode call per case ("trace" rows).
+ * per-block timeline summary of one decode call per case ("trace" rows), and with
+ * KVBENCH_TRACE_DUMP=dir writes every block's raw records (start/end ns, SM id) to
+ * dir/<case>.bin for offline analysis (docs/perf.md, "Where the ragged end comes from").
  * Pages hold valid random codes (no NaN codes): timings on zeros would flatter.
  */
 #include "kvkern.h"
