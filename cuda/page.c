@@ -58,15 +58,6 @@ static void fp8_block_put(const kv_geom_t *g, uint8_t *blk, uint32_t t, const fl
     memcpy(blk + meta + (uint64_t)t * sizeof(float), &s, sizeof s);
 }
 
-static void fp8_block_get(const kv_geom_t *g, const uint8_t *blk, uint32_t t, float *x)
-{
-    uint64_t d = g->head_dim;
-    float s;
-    uint64_t meta = kv_block_meta_offset(g, KV_FMT_FP8, KV_KIND_K); /* the same for K and V */
-    memcpy(&s, blk + meta + (uint64_t)t * sizeof(float), sizeof s);
-    kv_fp8_decode_row(g->head_dim, blk + t * d, s, x);
-}
-
 /* FP8 row t as its decoded codes (exact e4m3 values) in x; returns the row's scale. */
 static float fp8_block_codes(const kv_geom_t *g, const uint8_t *blk, uint32_t t, float *x)
 {
@@ -77,6 +68,14 @@ static float fp8_block_codes(const kv_geom_t *g, const uint8_t *blk, uint32_t t,
     for (uint64_t i = 0; i < d; i++)
         x[i] = kv_fp8_to_float(blk[t * d + i]);
     return s;
+}
+
+/* FP8 row t decoded: codes × scale, kv_fp8_decode_row's product. */
+static void fp8_block_get(const kv_geom_t *g, const uint8_t *blk, uint32_t t, float *x)
+{
+    float s = fp8_block_codes(g, blk, t, x);
+    for (uint32_t i = 0; i < g->head_dim; i++)
+        x[i] *= s;
 }
 
 /* The run of units holding token t's codes in a TQ3 block of kind: first unit, unit count and

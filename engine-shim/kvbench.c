@@ -1473,27 +1473,30 @@ static int bench_engine(int argc, char **argv)
     return ok ? 0 : 1;
 }
 
+/* Does any of argv[0..argc) ask for help? */
+static int wants_help(int argc, char **argv)
+{
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return 1;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        usage(stdout);
+    const char *cmd = argc >= 2 ? argv[1] : "";
+    const int is_engine = !strcmp(cmd, "engine"), is_rpc = !strcmp(cmd, "rpc");
+    if ((is_engine || is_rpc) && wants_help(argc - 2, argv + 2)) {
+        (is_engine ? eng_usage : usage)(stdout);
         return 0;
     }
-    if (argc >= 2 && !strcmp(argv[1], "engine")) {
-        for (int i = 2; i < argc; i++)
-            if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-                eng_usage(stdout);
-                return 0;
-            }
+    if (is_engine)
         return bench_engine(argc - 2, argv + 2);
-    }
-    if (argc >= 2 && !strcmp(argv[1], "rpc")) {
-        for (int i = 2; i < argc; i++)
-            if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-                usage(stdout);
-                return 0;
-            }
+    if (is_rpc)
         return bench_rpc(argc - 2, argv + 2);
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
     }
     usage(stderr);
     return 2;

@@ -120,14 +120,21 @@ static int kvs_mul(size_t a, size_t b, size_t *out)
     return 1;
 }
 
+/* The capacity a buffer of `cap` bytes grows to for `need` (doubling from `first`). */
+static size_t kvs_grown(size_t cap, size_t need, size_t first)
+{
+    cap = cap ? cap : first;
+    while (cap < need)
+        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+    return cap;
+}
+
 /* Grow a host buffer to at least `need` bytes (contents not kept). 0 on failure. */
 static int kvs_buf_grow(kvs_buf_t *b, size_t need)
 {
     if (b->cap >= need)
         return 1;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < need)
-        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+    size_t cap = kvs_grown(b->cap, need, 256);
     void *p = malloc(cap);
     if (!p)
         return 0;
@@ -160,9 +167,7 @@ static int kvs_dbuf_grow(kvs_buf_t *b, size_t need)
 {
     if (b->cap >= need)
         return 1;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < need)
-        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+    size_t cap = kvs_grown(b->cap, need, 4096);
     void *p = NULL;
     if (cudaMalloc(&p, cap) != cudaSuccess)
         return 0;

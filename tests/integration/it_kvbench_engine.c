@@ -37,26 +37,26 @@
 
 #define OUT_CAP (1u << 20)
 
-/* The number after "key": at or after `from` in the JSON; fails the test when missing. */
-static double jnum(const char *from, const char *key)
+/* The number after `lead` "key": at or after `from` in the JSON; fails the test when missing. */
+static double jfind(const char *from, const char *lead, const char *key)
 {
     char pat[96];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    snprintf(pat, sizeof pat, "%s\"%s\": ", lead, key);
     const char *p = strstr(from, pat);
     if (!p)
-        fail_msg("no \"%s\" in the output", key);
+        fail_msg("no %s\"%s\" in the output", *lead ? "top-level " : "", key);
     return strtod(p + strlen(pat), NULL);
+}
+
+static double jnum(const char *from, const char *key)
+{
+    return jfind(from, "", key);
 }
 
 /* A top-level figure (two-space indent: not the "params" or "workers" entries of that name). */
 static double jtop(const char *j, const char *key)
 {
-    char pat[96];
-    snprintf(pat, sizeof pat, "\n  \"%s\": ", key);
-    const char *p = strstr(j, pat);
-    if (!p)
-        fail_msg("no top-level \"%s\" in the output", key);
-    return strtod(p + strlen(pat), NULL);
+    return jfind(j, "\n  ", key);
 }
 
 /* The JSON object of worker w (its "worker": w entry). */
@@ -170,6 +170,11 @@ static void test_running_daemon_with_lifecycle(void **state)
             "[ kvbench ] lifecycle: %.0f retiers, %.0f TQ3 pages at most in the checked "
             "table, %.0f reference retries\n",
             jnum(j, "retiers"), jnum(ck, "tq3_pages_in_checked_table_max"), jnum(ck, "retries"));
+    /* the daemon's conversion and tick figures: conversions ran (the run is sized for it),
+     * each took real time, and no tick is shorter than the mean */
+    assert_true(jnum(j, "retiers") > 0);
+    assert_true(jnum(j, "conversion_us_per_page") > 0);
+    assert_true(jnum(j, "lifecycle_tick_us_max") >= jnum(j, "lifecycle_tick_us_mean"));
     assert_int_equal(itest_wait_stat(&k, "request_refs", 0, 20000) >= 0, 1);
     itest_assert_check(&k);
     free(out);
