@@ -254,24 +254,34 @@ __device__ __forceinline__ void fp8_kfrag(const uint8_t *row, uint32_t t4,
         kb[st][1] = fp8x2_to_h2(kw[st] >> 16);
     }
 }
+/* N consecutive 32-bit words (N = 2 or a multiple of 4) by the widest aligned vector loads:
+ * one uint2, or N/4 uint4. */
+template <int N> __device__ __forceinline__ void ld_words(const void *p, uint32_t (&w)[N])
+{
+    static_assert(N == 2 || N % 4 == 0, "2 words or whole 16-byte vectors");
+    if constexpr (N == 2) {
+        const uint2 v = *reinterpret_cast<const uint2 *>(p);
+        w[0] = v.x, w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int c4 = 0; c4 < N / 4; c4++) {
+            const uint4 v = reinterpret_cast<const uint4 *>(p)[c4];
+            w[4 * c4 + 0] = v.x, w[4 * c4 + 1] = v.y, w[4 * c4 + 2] = v.z, w[4 * c4 + 3] = v.w;
+        }
+    }
+}
+
 /* FP8 values, PV operand of both kernels: the D/8 code bytes of coordinates g8·D/8 … of one
  * token (row), as D/32 words; zeros for a token that is not in the sequence (row == nullptr:
  * its bytes may be NaN codes, and 0 · NaN would poison the MMA). */
 template <int D> __device__ __forceinline__ void fp8_vrow(const uint8_t *row, uint32_t (&w)[D / 32])
 {
-    if (!row) {
+    if (row) {
+        ld_words<D / 32>(row, w);
+    } else {
 #pragma unroll
         for (int c = 0; c < D / 32; c++)
             w[c] = 0u;
-    } else if (D == 64) {
-        const uint2 v = *reinterpret_cast<const uint2 *>(row);
-        w[0] = v.x, w[1] = v.y;
-    } else {
-#pragma unroll
-        for (int c4 = 0; c4 < D / 128; c4++) {
-            const uint4 v = reinterpret_cast<const uint4 *>(row)[c4];
-            w[4 * c4 + 0] = v.x, w[4 * c4 + 1] = v.y, w[4 * c4 + 2] = v.z, w[4 * c4 + 3] = v.w;
-        }
     }
 }
 /* Vᵀ A fragments from the words of tokens 2t, 2t+1, 2t+8, 2t+9 (vw[0..3]): m-tile 2c, 2c+1
@@ -1523,16 +1533,11 @@ constexpr int kMergeBatch = 8;
 template <int NE>
 __device__ __forceinline__ void merge_load(const float *__restrict__ row, float (&v)[NE])
 {
-    if (NE == 2) {
-        const float2 x = *reinterpret_cast<const float2 *>(row);
-        v[0] = x.x, v[1] = x.y;
-    } else {
+    uint32_t w[NE];
+    ld_words<NE>(row, w);
 #pragma unroll
-        for (int c = 0; c < NE / 4; c++) {
-            const float4 x = reinterpret_cast<const float4 *>(row)[c];
-            v[4 * c + 0] = x.x, v[4 * c + 1] = x.y, v[4 * c + 2] = x.z, v[4 * c + 3] = x.w;
-        }
-    }
+    for (int c = 0; c < NE; c++)
+        v[c] = __uint_as_float(w[c]);
 }
 
 template <int NE>
