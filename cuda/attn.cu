@@ -844,6 +844,27 @@ __device__ __forceinline__ unsigned long long gtimer()
 #define TRACE(k) ((void)0)
 #define TRACE_GT(k) ((void)0)
 #endif
+/* -DKVK_ATTN_TRACE_FINE as well: the TQ3 phase also records inside its prologue (2: first
+ * tiles issued, 3: query rotated, 4: after the barrier that publishes it) and its epilogue
+ * (9: warp partials stored, 13: weights computed) — slots the FP8 phase owns, so read only
+ * all-TQ3 cases of such a build (bench/trace_dump.py). Slot 14 marks, with
+ * KVK_ATTN_TRACE_FINE=1, the end of the first head's warp combine in the epilogue; with =2, the
+ * query's arrival (its first use, the rotation signs) in the prologue. */
+#if defined(KVK_ATTN_TRACE) && defined(KVK_ATTN_TRACE_FINE)
+#define TRACE_FINE(fmt, k)                                                                        \
+    do {                                                                                           \
+        if ((fmt) == KV_FMT_TQ3)                                                                   \
+            TRACE(k);                                                                              \
+    } while (0)
+#define TRACE_FINE14(fmt, where)                                                                  \
+    do {                                                                                           \
+        if ((where) == KVK_ATTN_TRACE_FINE)                                                        \
+            TRACE_FINE(fmt, 14);                                                                   \
+    } while (0)
+#else
+#define TRACE_FINE(fmt, k) ((void)0)
+#define TRACE_FINE14(fmt, where) ((void)0)
+#endif
 
 /* v8: rows of the fast kernel's q buffer are D + 4 floats. With rows of D floats every lane's
  * read of its QK operand (row g8, coordinates 4·(t4·R + s) …) hit one bank: 32-way conflicts
@@ -1039,7 +1060,19 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
      * BEFORE the first NS − TPI tiles are requested (v7), so the query and the directory walk
      * are in flight together; TQ3 rotates them in registers (fwht_warp); one barrier publishes
      * them. The epilogue uses the same warp ↔ head map. (v22 with 16 warps: one head per warp
-     * over 8 warps instead measured 2-4% slower at B=8 32K: 128 registers instead of 122.) */
+     * over 8 warps instead measured 2-4% slower at B=8 32K: 128 registers instead of 122.)
+     * v24: the prologue and the epilogue run once per block, so their code is fetched cold
+     * (a fine timeline showed ~5-6 cycles per instruction there: 5.8k cycles to rotate two
+     * heads at d = 256, 6.9k to combine and un-rotate them). Their loops over heads, warps,
+     * tiles and signs stay rolled (#pragma unroll 1) wherever no register array is indexed by
+     * the loop variable: the query rows pass through shared memory for that. At d = 256 this
+     * took B=2 32K TQ3 from 0.0385-0.0392 to 0.0317-0.0327 ms (and its loop got faster too: the
+     * kernel's code shrank from 136 to 90 KB); at d ≤ 128, where the code is half as long per
+     * head and 16 warps wait on each rolled step, it cost 3%, so there the loops over heads,
+     * tiles and warps stay unrolled (kCold* below). */
+    constexpr int kColdHeads = D == 256 ? 1 : 2;                   /* unroll of head loops */
+    constexpr int kColdTiles = D == 256 ? 1 : NS - TPI;            /* of the first requests */
+    constexpr int kColdWarps = D == 256 ? 4 : (int)C::kWarps;      /* of the warp combine */
     constexpr int NE = D / 32;
     constexpr int HPW = 2;
     const bool qwarp = HPW * warp < (uint32_t)kMaxGroup; /* this warp holds query heads */
@@ -1052,28 +1085,11 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         for (int k = 0; k < NE; k++)
             qr[hw][k] = qwarp && h < bk.gh ? src[k] : 0.0f;
     }
-#pragma unroll
+#pragma unroll kColdTiles
     for (int i = 0; i < NS - TPI; i++)
         issue((uint32_t)i);
-    if (FMT == KV_FMT_TQ3) {
-        uint32_t neg = 0; /* the signs again for the epilogue, one word per lane */
-#pragma unroll
-        for (int k = 0; k < NE; k++) {
-            const float sg = kv_rot_sign(geo.seed, lane * NE + k);
-            neg |= (sg < 0.0f ? 1u : 0u) << k;
-#pragma unroll
-            for (int hw = 0; hw < HPW; hw++)
-                qr[hw][k] *= sg;
-        }
-        if (warp == 0)
-            sm.sgn[lane] = neg;
-        if (qwarp) { /* warp-uniform */
-#pragma unroll
-            for (int hw = 0; hw < HPW; hw++)
-                fwht_warp<D>(qr[hw], lane);
-        }
-    }
-    if (qwarp) {
+    TRACE_FINE(FMT, 2);
+    if (qwarp) { /* warp-uniform; each warp's own rows, so no barrier before the rotation */
 #pragma unroll
         for (int hw = 0; hw < HPW; hw++) {
 #pragma unroll
@@ -1081,7 +1097,30 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                 sm.q[HPW * warp + hw][lane * NE + k] = qr[hw][k];
         }
     }
+    if (FMT == KV_FMT_TQ3) {
+        uint32_t neg = 0; /* bit k: coordinate lane·NE + k is negated; kept for the epilogue */
+#pragma unroll 1
+        for (int k = 0; k < NE; k++)
+            neg |= (kv_rot_sign(geo.seed, lane * NE + k) < 0.0f ? 1u : 0u) << k;
+        TRACE_FINE14(FMT, 2);
+        if (warp == 0)
+            sm.sgn[lane] = neg;
+#pragma unroll kColdHeads
+        for (int hw = 0; hw < HPW && qwarp; hw++) {
+            float *row = &sm.q[HPW * warp + hw][lane * NE];
+            float v[NE];
+#pragma unroll
+            for (int k = 0; k < NE; k++)
+                v[k] = (neg >> k) & 1u ? -row[k] : row[k];
+            fwht_warp<D>(v, lane);
+#pragma unroll
+            for (int k = 0; k < NE; k++)
+                row[k] = v[k];
+        }
+    }
+    TRACE_FINE(FMT, 3);
     __syncthreads();
+    TRACE_FINE(FMT, 4);
     float qf = a.sm_scale * kLog2e;
     if (FMT == KV_FMT_TQ3)
         qf *= 1.0f / (float)D;
@@ -1356,11 +1395,12 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         }
     }
     __syncthreads();
+    TRACE_FINE(FMT, 9);
     const size_t part = ((size_t)bk.s * a.num_splits + bk.split) * KV_FMT_COUNT + (size_t)FMT;
     /* v8: the per-head weights of the kWarps warps, exp2(m_w − M) / L, once per head (they were
      * recomputed, with a division, for every one of the D coordinates); sm.l[w][h] is
      * overwritten by the weight (only thread h touches column h here) */
-    if (tid < (uint32_t)kMaxGroup) {
+    if (tid < (uint32_t)kMaxGroup) { /* unrolled: rolled, the 16 dependent steps cost 5k cycles */
         const uint32_t h = tid;
         float M = -INFINITY;
 #pragma unroll
@@ -1382,26 +1422,32 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         }
     }
     __syncthreads();
+    TRACE_FINE(FMT, 13);
     /* v15: warp w combines, un-rotates (TQ3) and stores heads 2w, 2w + 1 in registers, lane ℓ
-     * holding coordinates ℓ·D/32 … (the s_o reads are conflict-free with the padded rows) */
+     * holding coordinates ℓ·D/32 … (the s_o reads are conflict-free with the padded rows).
+     * v24 (d = 256): heads in a rolled loop and warps in one unrolled by 4 (cold code, see the
+     * prologue), the sums in the same order. */
     const float post = FMT == KV_FMT_TQ3 ? (float)(1.0 / sqrt((double)D)) : 1.0f;
-#pragma unroll
+    const uint32_t xo = lane * NE + lane * NE / 32; /* padded offset of the lane's first x */
+#pragma unroll kColdHeads
     for (int hw = 0; hw < HPW && qwarp; hw++) { /* the prologue's warp ↔ head map */
         const uint32_t h = HPW * warp + hw;
         float v[NE];
 #pragma unroll
-        for (int k = 0; k < NE; k++) {
-            const uint32_t x = lane * NE + k;
-            float acc = 0.0f;
+        for (int k = 0; k < NE; k++)
+            v[k] = 0.0f;
+#pragma unroll kColdWarps
+        for (int w = 0; w < C::kWarps; w++) {
+            const float gw = sm.l[w][h], zw = sm.z[w][h];
+            const float *src = s_o + ((size_t)w * kMaxGroup + h) * C::kORow + xo;
+            if (gw != 0.0f) {
 #pragma unroll
-            for (int w = 0; w < C::kWarps; w++) {
-                const float gw = sm.l[w][h];
-                if (gw != 0.0f)
-                    acc += gw * (s_o[((size_t)w * kMaxGroup + h) * C::kORow + x + x / 32] +
-                                 sm.z[w][h]);
+                for (int k = 0; k < NE; k++)
+                    v[k] += gw * (src[k] + zw);
             }
-            v[k] = acc;
         }
+        if (hw == 0)
+            TRACE_FINE14(FMT, 1);
         if (FMT == KV_FMT_TQ3) {
             fwht_warp<D>(v, lane);
             const uint32_t neg = sm.sgn[lane]; /* written before the prologue's barrier */

@@ -10,9 +10,9 @@
  * median time. Each timed sample is a CUDA graph of `reps` decode calls, each call on a
  * different page set where the pool has room (so that 8K tokens, ~50 MB, is not served from
  * the 60 MB L2 on repeats). Ceiling: cudaMemcpy device-to-device of 2 GiB, read + write.
- * Per case: "ms" = kvk_cuda_attn_decode (v7: merge launched behind the partial kernel with
- * programmatic stream serialization), "ms_two_pass" = kvk_cuda_attn_partial +
- * kvk_cuda_attn_merge as plain launches, "ms_partial" = the partial kernel alone. Rows with
+ * Per case: "ms" = kvk_cuda_attn_decode, "ms_two_pass" = kvk_cuda_attn_partial +
+ * kvk_cuda_attn_merge called separately, "ms_partial" = the partial kernel alone, "ms_merge" =
+ * the merge kernel alone (on the partitions the partial kernel left). Rows with
  * "sweep": decode at other split counts at 32K. Env: KVBENCH_LENS=32768,... only those lengths,
  * KVBENCH_SWEEP=0 no sweep. Built with -DKVK_ATTN_TRACE (with attn.cu) it also prints a
  * per-block timeline summary of one decode call per case ("trace" rows), and with
@@ -269,6 +269,11 @@ int main(void)
                     const uint64_t rows = (uint64_t)S.B * ns * KV_FMT_COUNT * S.H;
                     float *pm = (float *)wsp, *pl = pm + rows, *po = pl + rows;
                     auto call = [&](const kv_attn_batch_t &br) {
+                        if (v == 3) { /* the merge alone, on the partitions v2 left */
+                            KCK(kvk_cuda_attn_merge(S.B, ns * KV_FMT_COUNT, S.H, S.D, pm, pl, po,
+                                                    out, st));
+                            return;
+                        }
                         if (v == 0)
                             KCK(kvk_cuda_attn_decode(&g, &pools, ddir, (uint32_t)dir.size(), &br,
                                                      q, ns, wsp, wsn, out, st));
@@ -303,7 +308,7 @@ int main(void)
                     }
                     CK(cudaGraphExecDestroy(exec));
                     CK(cudaGraphDestroy(graph));
-                    if (v != 2) {
+                    if (v != 2 && v != 3) {
                         std::vector<float> ho(hq.size());
                         CK(cudaMemcpy(ho.data(), out, ho.size() * 4, cudaMemcpyDeviceToHost));
                         for (float x : ho)
@@ -311,19 +316,19 @@ int main(void)
                     }
                     return median(ts);
                 };
-                /* v0 decode (v7: the merge launched behind the partial kernel with
-                 * programmatic stream serialization), v1 partial + merge as two plain launches,
-                 * v2 the partial kernel alone */
-                float tv[3];
-                for (int v = 0; v < 3; v++)
+                /* v0 decode, v1 partial + merge called separately, v2 the partial kernel alone,
+                 * v3 the merge alone (on v2's partitions) */
+                float tv[4];
+                for (int v = 0; v < 4; v++)
                     tv[v] = timed(v, splits, ws, wsb);
                 const float ms = tv[0];
                 printf("%s    {\"B\": %u, \"q_heads\": %u, \"kv_heads\": %u, \"d\": %u, "
                        "\"tokens\": %u, \"mode\": \"%s\", \"splits\": %u, \"page_sets\": %u, "
                        "\"bytes\": %llu, \"ms\": %.5f, \"gbps\": %.1f, \"ms_two_pass\": %.5f, "
-                       "\"ms_partial\": %.5f, \"out_finite\": %d}",
+                       "\"ms_partial\": %.5f, \"ms_merge\": %.5f, \"out_finite\": %d}",
                        sep(), S.B, S.H, S.KVH, S.D, L, modes[mode], splits, sets,
-                       (unsigned long long)bytes, ms, bytes / (ms * 1e6), tv[1], tv[2], finite);
+                       (unsigned long long)bytes, ms, bytes / (ms * 1e6), tv[1], tv[2], tv[3],
+                       finite);
 #ifdef KVK_ATTN_TRACE
                 {
                     CK(cudaStreamSynchronize(st));
