@@ -1070,7 +1070,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
      * kernel's code shrank from 136 to 90 KB); at d ≤ 128, where the code is half as long per
      * head and 16 warps wait on each rolled step, it cost 3%, so there the loops over heads,
      * tiles and warps stay unrolled (kCold* below). */
-    constexpr int kColdHeads = D == 256 ? 1 : 2;                   /* unroll of head loops */
+    constexpr int kColdHeads = D == 256 ? 1 : 2;                   /* epilogue head loop */
     constexpr int kColdTiles = D == 256 ? 1 : NS - TPI;            /* of the first requests */
     constexpr int kColdWarps = D == 256 ? 4 : (int)C::kWarps;      /* of the warp combine */
     constexpr int NE = D / 32;
@@ -1089,33 +1089,63 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     for (int i = 0; i < NS - TPI; i++)
         issue((uint32_t)i);
     TRACE_FINE(FMT, 2);
-    if (qwarp) { /* warp-uniform; each warp's own rows, so no barrier before the rotation */
+    if (D == 256) { /* v24: rows through shared memory, heads and signs in rolled loops */
+        if (qwarp) { /* warp-uniform; each warp's own rows, so no barrier before the rotation */
 #pragma unroll
-        for (int hw = 0; hw < HPW; hw++) {
+            for (int hw = 0; hw < HPW; hw++) {
 #pragma unroll
-            for (int k = 0; k < NE; k++)
-                sm.q[HPW * warp + hw][lane * NE + k] = qr[hw][k];
+                for (int k = 0; k < NE; k++)
+                    sm.q[HPW * warp + hw][lane * NE + k] = qr[hw][k];
+            }
         }
-    }
-    if (FMT == KV_FMT_TQ3) {
-        uint32_t neg = 0; /* bit k: coordinate lane·NE + k is negated; kept for the epilogue */
+        if (FMT == KV_FMT_TQ3) {
+            uint32_t neg = 0; /* bit k: coordinate lane·NE + k is negated (epilogue too) */
 #pragma unroll 1
-        for (int k = 0; k < NE; k++)
-            neg |= (kv_rot_sign(geo.seed, lane * NE + k) < 0.0f ? 1u : 0u) << k;
-        TRACE_FINE14(FMT, 2);
-        if (warp == 0)
-            sm.sgn[lane] = neg;
-#pragma unroll kColdHeads
-        for (int hw = 0; hw < HPW && qwarp; hw++) {
-            float *row = &sm.q[HPW * warp + hw][lane * NE];
-            float v[NE];
-#pragma unroll
             for (int k = 0; k < NE; k++)
-                v[k] = (neg >> k) & 1u ? -row[k] : row[k];
-            fwht_warp<D>(v, lane);
+                neg |= (kv_rot_sign(geo.seed, lane * NE + k) < 0.0f ? 1u : 0u) << k;
+            TRACE_FINE14(FMT, 2);
+            if (warp == 0)
+                sm.sgn[lane] = neg;
+#pragma unroll 1
+            for (int hw = 0; hw < HPW && qwarp; hw++) {
+                float *row = &sm.q[HPW * warp + hw][lane * NE];
+                float v[NE];
 #pragma unroll
-            for (int k = 0; k < NE; k++)
-                row[k] = v[k];
+                for (int k = 0; k < NE; k++)
+                    v[k] = (neg >> k) & 1u ? -row[k] : row[k];
+                fwht_warp<D>(v, lane);
+#pragma unroll
+                for (int k = 0; k < NE; k++)
+                    row[k] = v[k];
+            }
+        }
+    } else { /* v15-v23 as they were: rotation in registers, everything unrolled */
+        if (FMT == KV_FMT_TQ3) {
+            uint32_t neg = 0; /* the signs again for the epilogue, one word per lane */
+#pragma unroll
+            for (int k = 0; k < NE; k++) {
+                const float sg = kv_rot_sign(geo.seed, lane * NE + k);
+                neg |= (sg < 0.0f ? 1u : 0u) << k;
+#pragma unroll
+                for (int hw = 0; hw < HPW; hw++)
+                    qr[hw][k] *= sg;
+            }
+            TRACE_FINE14(FMT, 2);
+            if (warp == 0)
+                sm.sgn[lane] = neg;
+            if (qwarp) { /* warp-uniform */
+#pragma unroll
+                for (int hw = 0; hw < HPW; hw++)
+                    fwht_warp<D>(qr[hw], lane);
+            }
+        }
+        if (qwarp) {
+#pragma unroll
+            for (int hw = 0; hw < HPW; hw++) {
+#pragma unroll
+                for (int k = 0; k < NE; k++)
+                    sm.q[HPW * warp + hw][lane * NE + k] = qr[hw][k];
+            }
         }
     }
     TRACE_FINE(FMT, 3);

@@ -395,8 +395,10 @@ static void run_geometry(const Geo &G, bool small, bool attn)
     std::vector<uint32_t> indptr(B + 1, 0), ids;
     for (uint32_t s = 0; s < B; s++) {
         for (uint32_t p = 0; p < npg[s]; p++) {
-            /* mix: random format per page, logical ids reused across sequences (shared prefix) */
-            bool tq = rnd() % 2;
+            /* mix: random format per page, logical ids reused across sequences (shared prefix);
+             * sequence 2 has the bench's mix (first page and last two FP8): splits with one or
+             * two FP8 tiles beside TQ3 ones, and (3 splits) one with FP8 pages only */
+            const bool tq = s == 2 ? !(p == 0 || p + 2 >= npg[s]) : rnd() % 2;
             ids.push_back(tq ? P8 + (uint32_t)(rnd() % PT) : PT + (uint32_t)(rnd() % (P8 - PT)));
         }
         indptr[s + 1] = (uint32_t)ids.size();
