@@ -1591,7 +1591,7 @@ __device__ __forceinline__ float merge_weight(float m, float l, float M)
     return l > 0.0f && M != -INFINITY ? expf(m - M) * l : 0.0f;
 }
 
-/* One block per (query head, sequence), kMergeThreads threads; partition j is summed by warp
+/* One block per (query head, sequence), W warps (merge_warps); partition j is summed by warp
  * j % W, each lane owning d/32 consecutive coordinates (8-32-byte vector loads).
  * v21: no block barrier before the sums. Each warp issues the Ō rows of its first
  * kMergeBatch partitions first — speculatively: a row whose partition turns out empty may be
@@ -1601,9 +1601,14 @@ __device__ __forceinline__ float merge_weight(float m, float l, float M)
  * warp order, so the output stays deterministic. v20 (a pass-1 barrier, weights in shared
  * memory, then the row loads) took 5.0 µs at B=8 32K and 5.8 µs at B=2 d=256 (ncu), two
  * dependent global round trips plus barriers; v7 waited per 16-partition round. */
-constexpr int kMergeThreads = 256;
-constexpr int kMergeWarps = kMergeThreads / 32;
 constexpr int kMergeBatch = 8;
+/* v25: warps per merge block, so that every row is in a warp's first batch (W·kMergeBatch ≥
+ * parts up to 256): with 8 warps, B=2 d=256 (66 partitions) needed a second round trip for
+ * two warps, and the block waited for them */
+constexpr int merge_warps(uint32_t parts)
+{
+    return parts <= 8u * kMergeBatch ? 8 : parts <= 16u * kMergeBatch ? 16 : 32;
+}
 
 /* the lane's NE coordinates of one partition row */
 template <int NE>
@@ -1616,13 +1621,14 @@ __device__ __forceinline__ void merge_load(const float *__restrict__ row, float 
         v[c] = __uint_as_float(w[c]);
 }
 
-template <int NE>
-__global__ void __launch_bounds__(kMergeThreads)
+template <int NE, int W>
+__global__ void __launch_bounds__(32 * W)
     attn_merge_kernel(uint32_t parts, uint32_t q_heads, const float *__restrict__ pm,
                       const float *__restrict__ pl, const float *__restrict__ po,
                       float *__restrict__ out)
 {
     constexpr uint32_t D = 32u * NE;
+    constexpr int kMergeWarps = W, kMergeThreads = 32 * W;
     __shared__ __align__(16) float s_acc[kMergeWarps][D];
     __shared__ float s_L[kMergeWarps];
     const uint32_t h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
@@ -1735,6 +1741,20 @@ template <int D> cudaError_t launch_partial(const AttnArgs &a, dim3 grid, cudaSt
     return cudaGetLastError();
 }
 
+template <int NE>
+void launch_merge(int w, dim3 grid, cudaStream_t st, uint32_t parts, uint32_t q_heads,
+                  const float *pm, const float *pl, const float *po, float *out)
+{
+    constexpr int kMost = NE == 8 ? 16 : 32; /* 32 warps at d = 256 spill (≤ 64 registers) */
+    if (w == 8)
+        attn_merge_kernel<NE, 8><<<grid, 256, 0, st>>>(parts, q_heads, pm, pl, po, out);
+    else if (w == 16)
+        attn_merge_kernel<NE, 16><<<grid, 512, 0, st>>>(parts, q_heads, pm, pl, po, out);
+    else
+        attn_merge_kernel<NE, kMost><<<grid, 32 * kMost, 0, st>>>(parts, q_heads, pm, pl, po,
+                                                                  out);
+}
+
 size_t align256(size_t x)
 {
     return (x + 255) / 256 * 256;
@@ -1823,15 +1843,13 @@ extern "C" kvk_status_t kvk_cuda_attn_merge(uint32_t batch, uint32_t parts_per_s
     if (!part_m || !part_l || !part_o || !out || batch > 65535u || (uintptr_t)part_o % 16u)
         return KVK_EINVAL;
     const dim3 grid(q_heads, batch);
+    const int w = merge_warps(parts_per_seq);
     if (d == 64)
-        attn_merge_kernel<2><<<grid, kMergeThreads, 0, stream>>>(parts_per_seq, q_heads, part_m,
-                                                                 part_l, part_o, out);
+        launch_merge<2>(w, grid, stream, parts_per_seq, q_heads, part_m, part_l, part_o, out);
     else if (d == 128)
-        attn_merge_kernel<4><<<grid, kMergeThreads, 0, stream>>>(parts_per_seq, q_heads, part_m,
-                                                                 part_l, part_o, out);
+        launch_merge<4>(w, grid, stream, parts_per_seq, q_heads, part_m, part_l, part_o, out);
     else
-        attn_merge_kernel<8><<<grid, kMergeThreads, 0, stream>>>(parts_per_seq, q_heads, part_m,
-                                                                 part_l, part_o, out);
+        launch_merge<8>(w, grid, stream, parts_per_seq, q_heads, part_m, part_l, part_o, out);
     return cudaGetLastError() == cudaSuccess ? KVK_OK : KVK_EDEVICE;
 }
 

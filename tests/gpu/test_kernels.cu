@@ -424,7 +424,7 @@ static void run_geometry(const Geo &G, bool small, bool attn)
                                ref.data());
     check(rc == KVK_OK, "attn reference", "rc %d", rc);
 
-    for (uint32_t ns : {1u, 3u, 150u}) {
+    for (uint32_t ns : {1u, 3u, 40u, 150u}) /* merge blocks of 8, 16, 32 warps */ {
         const uint32_t parts = kv_attn_num_parts(B, ns);
         std::vector<float> cm(parts * H), cl(parts * H), co((size_t)parts * H * d);
         rc = kv_attn_partial(&g, &hp, dir.data(), (uint32_t)dir.size(), &hb, q.data(), ns,
