@@ -14,7 +14,8 @@
  * kvk_cuda_attn_merge called separately, "ms_partial" = the partial kernel alone, "ms_merge" =
  * the merge kernel alone (on the partitions the partial kernel left). Rows with
  * "sweep": decode at other split counts at 32K. Env: KVBENCH_LENS=32768,... only those lengths,
- * KVBENCH_SWEEP=0 no sweep. Built with -DKVK_ATTN_TRACE (with attn.cu) it also prints a
+ * KVBENCH_SWEEP=0 no sweep, KVBENCH_MODES=tq3,mix only those modes. Built with
+ * -DKVK_ATTN_TRACE (with attn.cu) it also prints a
  * per-block timeline summary of one decode call per case ("trace" rows), and with
  * KVBENCH_TRACE_DUMP=dir writes every block's raw records (start/end ns, SM id) to
  * dir/<case>.bin for offline analysis (docs/perf.md, "Where the ragged end comes from").
@@ -239,6 +240,10 @@ int main(void)
             void *ws;
             CK(cudaMalloc(&ws, wsb));
             for (int mode = 0; mode < 3; mode++) {
+                /* KVBENCH_MODES=tq3,mix: only these modes (profiler runs) */
+                const char *only_modes = getenv("KVBENCH_MODES");
+                if (only_modes && !strstr(only_modes, modes[mode]))
+                    continue;
                 std::vector<uint32_t> ids((size_t)sets * need), ind(S.B + 1), sl(S.B, L);
                 uint64_t bytes = 0;
                 for (uint32_t set = 0; set < sets; set++)
