@@ -1067,7 +1067,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
      * tiles and signs stay rolled (#pragma unroll 1) wherever no register array is indexed by
      * the loop variable: the query rows pass through shared memory for that. At d = 256 this
      * took B=2 32K TQ3 from 0.0385-0.0392 to 0.0317-0.0327 ms (and its loop got faster too: the
-     * kernel's code shrank from 136 to 90 KB); at d ≤ 128, where the code is half as long per
+     * kernel's code shrank from 136 to 94 KB); at d ≤ 128, where the code is half as long per
      * head and 16 warps wait on each rolled step, it cost 3%, so there the loops over heads,
      * tiles and warps stay unrolled (kCold* below). */
     constexpr int kColdHeads = D == 256 ? 1 : 2;                   /* epilogue head loop */
@@ -1430,7 +1430,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     /* v8: the per-head weights of the kWarps warps, exp2(m_w − M) / L, once per head (they were
      * recomputed, with a division, for every one of the D coordinates); sm.l[w][h] is
      * overwritten by the weight (only thread h touches column h here) */
-    if (tid < (uint32_t)kMaxGroup) { /* unrolled: rolled, the 16 dependent steps cost 5k cycles */
+    if (tid < (uint32_t)kMaxGroup) { /* unrolled: rolled, 16 dependent steps took 6.5k cycles */
         const uint32_t h = tid;
         float M = -INFINITY;
 #pragma unroll
