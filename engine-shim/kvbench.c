@@ -197,17 +197,23 @@ static double raw_pingpong(int iters, int64_t *lat, double *p99)
     return p50;
 }
 
+/* One STATUS round trip; *rep is kvc_reply_free's on KV_ERR_OK. */
+static kv_err_t status_call(kvc_t *c, Kvd__Reply **rep)
+{
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
+    req.body_case = KVD__REQUEST__BODY_STATUS;
+    req.status = &st;
+    return kvc_call(c, &req, rep);
+}
+
 static uint64_t stat_of(const char *ep, const char *name)
 {
     kvc_t *c;
     if (kvc_connect(&c, ep, 10000) != KV_ERR_OK)
         die("connect", NULL);
-    Kvd__Request req = KVD__REQUEST__INIT;
-    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
-    req.body_case = KVD__REQUEST__BODY_STATUS;
-    req.status = &st;
     Kvd__Reply *rep;
-    if (kvc_call(c, &req, &rep) != KV_ERR_OK)
+    if (status_call(c, &rep) != KV_ERR_OK)
         die("status", c);
     uint64_t v = UINT64_MAX;
     for (size_t i = 0; i < rep->status_rep->n_stats; i++)
@@ -911,12 +917,8 @@ typedef struct eng_status_s {
 static int eng_status(kvc_t *c, eng_status_t *st)
 {
     memset(st, 0, sizeof *st);
-    Kvd__Request req = KVD__REQUEST__INIT;
-    Kvd__StatusReq sr = KVD__STATUS_REQ__INIT;
-    req.body_case = KVD__REQUEST__BODY_STATUS;
-    req.status = &sr;
     Kvd__Reply *rep;
-    if (kvc_call(c, &req, &rep) != KV_ERR_OK)
+    if (status_call(c, &rep) != KV_ERR_OK)
         return -1;
     const Kvd__StatusRep *r = rep->status_rep;
     snprintf(st->backend, sizeof st->backend, "%s",
