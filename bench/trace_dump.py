@@ -6,7 +6,8 @@ KVBENCH_TRACE_DUMP=dir writes dir/<case>.bin: per block 16 little-endian u64 rec
 the TRACE points of cuda/attn.cu, %globaltimer ns at 10 / 11, SM id at 12). This prints, per
 all-TQ3 case of a -DKVK_ATTN_TRACE_FINE build, the mean cycles between consecutive points of
 the TQ3 phase, and the kernel span, as one JSON line each. Slot 14 means "query arrival"
-(prologue) in a KVK_ATTN_TRACE_FINE=2 build and "first head combined" (epilogue) in a =1 build;
+(prologue) in a KVK_ATTN_TRACE_FINE=2 build, "first head combined" (epilogue) in a =1 build and
+"first tile requested" (prologue, after the first directory refill) in a =3 build;
 only the segment that fits its build's order is meaningful.
 
 usage: trace_dump.py DIR [DIR...]
@@ -21,6 +22,8 @@ import sys
 SEGMENTS = [
     ("prescan", 0, 1),
     ("issue_first_tiles", 1, 2),
+    ("first_tile_issued", 1, 14),  # KVK_ATTN_TRACE_FINE=3 builds
+    ("other_first_tiles", 14, 2),  # KVK_ATTN_TRACE_FINE=3 builds
     ("query_arrival", 2, 14),  # KVK_ATTN_TRACE_FINE=2 builds
     ("query_rotate", 2, 3),
     ("query_barrier", 3, 4),

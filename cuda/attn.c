@@ -4,8 +4,8 @@
  * Partition scheme (the contract is in kvkern.h; docs/attention.md has the math):
  *
  *   sequence s:  pages  P0 P1 P2 P3 P4 P5 P6        (logical order, each FP8 or TQ3)
- *   num_splits 3: chunk = ceil(7/3) = 3 pages
- *                 split 0: P0 P1 P2 | split 1: P3 P4 P5 | split 2: P6
+ *   num_splits 3: chunk = ceil(7/3) = 3 pages, 3·3 − 7 = 2 short: one off each end
+ *                 split 0: P0 P1 | split 1: P2 P3 P4 | split 2: P5 P6   (kv_attn_split_range)
  *   inside a split the FP8 pages form one partition and the TQ3 pages another:
  *                 part (s, split, fmt) = (s * num_splits + split) * KV_FMT_COUNT + fmt
  *
@@ -313,7 +313,6 @@ int kv_attn_partial(const kv_geom_t *g, const kv_pools_t *pools, const kv_dir_en
     for (uint32_t s = 0; s < b->batch; s++) {
         const uint64_t np = (uint64_t)b->page_indptr[s + 1] - b->page_indptr[s];
         const kv_dir_entry_t *pages = snap ? snap + (b->page_indptr[s] - b->page_indptr[0]) : NULL;
-        const uint64_t chunk = (np + num_splits - 1) / num_splits;
         const float *qs = q + (uint64_t)s * H * d;
 
         /* rotate the query once per (sequence, head), only if a TQ3 page is live */
@@ -325,9 +324,8 @@ int kv_attn_partial(const kv_geom_t *g, const kv_pools_t *pools, const kv_dir_en
                 kv_rot_forward(g->seed, d, qs + (uint64_t)h * d, qrot + (uint64_t)h * d);
 
         for (uint32_t sp = 0; sp < num_splits; sp++) {
-            uint64_t p0 = (uint64_t)sp * chunk, p1 = p0 + chunk;
-            p0 = p0 < np ? p0 : np;
-            p1 = p1 < np ? p1 : np;
+            uint64_t p0, p1;
+            kv_attn_split_range(np, num_splits, sp, &p0, &p1);
             for (int f = 0; f < KV_FMT_COUNT; f++) {
                 uint64_t part = ((uint64_t)s * num_splits + sp) * KV_FMT_COUNT + (uint64_t)f;
                 const float *qf = f == KV_FMT_TQ3 ? qrot : qs;

@@ -357,10 +357,11 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
     const uint32_t np = a.indptr[s + 1] - ip0;
     const uint64_t cap = (uint64_t)np * pt;
     const uint32_t len = (uint32_t)min((uint64_t)a.seq_len[s], cap);
-    const uint32_t chunk = (np + a.num_splits - 1) / a.num_splits;
     const uint32_t live_pages = (uint32_t)(((uint64_t)len + pt - 1) / pt);
-    const uint32_t p0 = min((uint64_t)split * chunk, (uint64_t)live_pages);
-    const uint32_t p1 = min((uint64_t)p0 + chunk, (uint64_t)live_pages);
+    uint64_t r0, r1;
+    kv_attn_split_range(np, a.num_splits, split, &r0, &r1);
+    const uint32_t p0 = (uint32_t)min(r0, (uint64_t)live_pages);
+    const uint32_t p1 = (uint32_t)min(r1, (uint64_t)live_pages);
 
     /* ---- query: (rotated for TQ3) and scaled so that S comes out in log2 units ---- */
     for (uint32_t i = tid; i < kMaxGroup * D; i += kThreads) {
@@ -849,7 +850,8 @@ __device__ __forceinline__ unsigned long long gtimer()
  * (9: warp partials stored, 13: weights computed) — slots the FP8 phase owns, so read only
  * all-TQ3 cases of such a build (bench/trace_dump.py). Slot 14 marks, with
  * KVK_ATTN_TRACE_FINE=1, the end of the first head's warp combine in the epilogue; with =2, the
- * query's arrival (its first use, the rotation signs) in the prologue. */
+ * query's arrival (its first use, the rotation signs) in the prologue; with =3, the first tile
+ * requested (after the phase's first directory batch). */
 #if defined(KVK_ATTN_TRACE) && defined(KVK_ATTN_TRACE_FINE)
 #define TRACE_FINE(fmt, k)                                                                        \
     do {                                                                                           \
@@ -1086,8 +1088,11 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
             qr[hw][k] = qwarp && h < bk.gh ? src[k] : 0.0f;
     }
 #pragma unroll kColdTiles
-    for (int i = 0; i < NS - TPI; i++)
+    for (int i = 0; i < NS - TPI; i++) {
         issue((uint32_t)i);
+        if (i == 0)
+            TRACE_FINE14(FMT, 3);
+    }
     TRACE_FINE(FMT, 2);
     if (D == 256) { /* v24: rows through shared memory, heads and signs in rolled loops */
         if (qwarp) { /* warp-uniform; each warp's own rows, so no barrier before the rotation */
@@ -1535,10 +1540,11 @@ __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
     const uint32_t np = a.indptr[bk.s + 1] - bk.ip0;
     const uint64_t cap = (uint64_t)np * bk.pt;
     bk.len = (uint32_t)min((uint64_t)a.seq_len[bk.s], cap);
-    const uint32_t chunk = (np + a.num_splits - 1) / a.num_splits;
     const uint32_t live_pages = (uint32_t)(((uint64_t)bk.len + bk.pt - 1) / bk.pt);
-    bk.p0 = (uint32_t)min((uint64_t)bk.split * chunk, (uint64_t)live_pages);
-    bk.p1 = (uint32_t)min((uint64_t)bk.p0 + chunk, (uint64_t)live_pages);
+    uint64_t r0, r1; /* the twin's split (kvkern.h), pages past the sequence end dropped */
+    kv_attn_split_range(np, a.num_splits, bk.split, &r0, &r1);
+    bk.p0 = (uint32_t)min(r0, (uint64_t)live_pages);
+    bk.p1 = (uint32_t)min(r1, (uint64_t)live_pages);
 
     /* which formats does this split hold at all? (v7: 4 ids, then 4 entries per thread in
      * flight, instead of one dependent id → entry pair per iteration) */

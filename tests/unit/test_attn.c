@@ -458,6 +458,50 @@ static int part_is_empty(const fx_t *fx, const parts_t *pt, uint64_t part)
     return empty;
 }
 
+/* ---- the split rule: contiguous, covering, at most ceil(np / splits) pages each, the
+ * shortfall off both ends (kvkern.h) ---------------------------------------------------------- */
+static void test_split_ranges(void **state)
+{
+    (void)state;
+    static const struct {
+        uint64_t np;
+        uint32_t splits, first, last; /* expected lengths of the first and the last split */
+    } cases[] = {
+        {7, 3, 2, 2},       /* chunk 3, 2 short: [0,2) [2,5) [5,7) */
+        {2048, 2, 1024, 1024}, /* even: no shortfall */
+        {2048, 33, 48, 47}, /* the bench's B=2 d=256 32K: chunk 63, 31 short */
+        {8192, 33, 237, 236},
+        {1, 33, 0, 0},      /* fewer pages than splits: the page sits in a middle split */
+        {0, 4, 0, 0},
+        {5, 1, 5, 5},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const uint64_t np = cases[i].np;
+        const uint32_t S = cases[i].splits;
+        const uint64_t chunk = (np + S - 1) / S;
+        uint64_t next = 0, first = 0, last = 0;
+        for (uint32_t sp = 0; sp < S; sp++) {
+            uint64_t p0, p1;
+            kv_attn_split_range(np, S, sp, &p0, &p1);
+            if (p0 != next || p1 < p0 || p1 - p0 > chunk || p1 > np)
+                fail_msg("np %llu splits %u: split %u = [%llu, %llu) after %llu (chunk %llu)",
+                         (unsigned long long)np, S, sp, (unsigned long long)p0,
+                         (unsigned long long)p1, (unsigned long long)next,
+                         (unsigned long long)chunk);
+            if (sp == 0)
+                first = p1 - p0;
+            if (sp == S - 1)
+                last = p1 - p0;
+            next = p1;
+        }
+        assert_int_equal(next, np); /* every page in exactly one split */
+        if (first != cases[i].first || last != cases[i].last)
+            fail_msg("np %llu splits %u: first %llu last %llu, expected %u %u",
+                     (unsigned long long)np, S, (unsigned long long)first,
+                     (unsigned long long)last, cases[i].first, cases[i].last);
+    }
+}
+
 static void test_empty_partitions(void **state)
 {
     (void)state;
@@ -471,12 +515,13 @@ static void test_empty_partitions(void **state)
     parts_run(&fx, splits, &pt);
     for (uint32_t s = 0; s < batch; s++) {
         const uint32_t np = fx.indptr[s + 1] - fx.indptr[s];
-        const uint32_t chunk = (np + splits - 1) / splits;
         for (uint32_t sp = 0; sp < splits; sp++) {
+            uint64_t c0, c1;
+            kv_attn_split_range(np, splits, sp, &c0, &c1);
             for (uint32_t f = 0; f < KV_FMT_COUNT; f++) {
                 /* expected: non-empty iff a page of format f in this chunk has a live token */
                 int live = 0;
-                for (uint32_t p = sp * chunk; p < (sp + 1) * chunk && p < np; p++)
+                for (uint64_t p = c0; p < c1; p++)
                     live |= fx.fmt[fx.indptr[s] + p] == (f == KV_FMT_FP8 ? 'F' : 'T') &&
                             (uint64_t)p * T < fx.len[s];
                 uint64_t part = ((uint64_t)s * splits + sp) * KV_FMT_COUNT + f;
@@ -890,6 +935,7 @@ int main(void)
         cmocka_unit_test(test_matches_reference_grid),
         cmocka_unit_test(test_matches_reference_peaky),
         cmocka_unit_test(test_split_and_order_invariance),
+        cmocka_unit_test(test_split_ranges),
         cmocka_unit_test(test_empty_partitions),
         cmocka_unit_test(test_tail_slots_ignored),
         cmocka_unit_test(test_single_token_is_its_value),
