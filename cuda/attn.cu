@@ -1528,9 +1528,12 @@ __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
     /* The dynamic part (the rings) starts right after these, at 16-byte alignment only (an
      * __align__ on smem is not honoured; checked on the H200), so they must add up to whole
      * 128-byte lines: with 16 bytes more of them (a 2-word array, session 6) every ring sat 16
-     * bytes off a line and the FP8 loop ran 12-15% slower, the TQ3 loop 2-5%, with the same
-     * instructions (docs/perf.md). Grouping them in one padded struct instead moved the register
-     * allocation and cost B=8 32K mix 2%. Any array added here must be counted here. */
+     * bytes off its old place and the FP8 loop ran 12-15% slower, the TQ3 loop 2-5%, with the
+     * same instructions. Moves by multiples of 32 bytes inside the rings (TQ3 stages padded to
+     * 128 bytes, the FP8 stage's V codes moved to a line) changed nothing, so what matters is
+     * probably a 16-byte copy destination against a 32-byte source sector (docs/perf.md).
+     * Grouping the arrays in one padded struct instead moved the register allocation and cost
+     * B=8 32K mix 2%. Any array added here must be counted here. */
     static_assert((sizeof(s_q) + sizeof(s_m) + sizeof(s_l) + sizeof(s_z) + sizeof(s_tn) +
                    sizeof(s_sgn)) % 128 == 0,
                   "the rings after the static shared arrays stay on 128-byte lines");
