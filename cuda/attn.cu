@@ -1609,8 +1609,9 @@ __device__ __forceinline__ float merge_weight(float m, float l, float M)
     return l > 0.0f && M != -INFINITY ? expf(m - M) * l : 0.0f;
 }
 
-/* One block per (query head, sequence), W warps (merge_warps); partition j is summed by warp
- * j % W, each lane owning d/32 consecutive coordinates (8-32-byte vector loads).
+/* One block per (query head, sequence, slice of the head's coordinates: launch_merge), W warps
+ * (merge_warps); partition j is summed by warp j % W, each lane owning NE consecutive
+ * coordinates of the slice (8- or 16-byte vector loads).
  * v21: no block barrier before the sums. Each warp issues the Ō rows of its first
  * kMergeBatch partitions first — speculatively: a row whose partition turns out empty may be
  * garbage, so it enters through a select, never a multiply — then takes the maximum M over
@@ -1621,9 +1622,8 @@ __device__ __forceinline__ float merge_weight(float m, float l, float M)
  * dependent global round trips plus barriers; v7 waited per 16-partition round. */
 constexpr int kMergeBatch = 8;
 /* v25: warps per merge block, so that every row is in a warp's first batch (W·kMergeBatch ≥
- * parts, up to 256 partitions; 128 at d = 256, where launch_merge caps W at 16): with 8 warps,
- * B=2 d=256 (66 partitions) needed a second round trip for two warps, and the block waited for
- * them (merge alone 4.55 → 4.21 µs on the H200) */
+ * parts, up to 256 partitions): with 8 warps, B=2 d=256 (66 partitions) needed a second round
+ * trip for two warps, and the block waited for them (merge alone 4.55 → 4.21 µs on the H200) */
 constexpr int merge_warps(uint32_t parts)
 {
     return parts <= 8u * kMergeBatch ? 8 : parts <= 16u * kMergeBatch ? 16 : 32;
@@ -1642,19 +1642,21 @@ __device__ __forceinline__ void merge_load(const float *__restrict__ row, float 
 
 template <int NE, int W>
 __global__ void __launch_bounds__(32 * W)
-    attn_merge_kernel(uint32_t parts, uint32_t q_heads, const float *__restrict__ pm,
-                      const float *__restrict__ pl, const float *__restrict__ po,
-                      float *__restrict__ out)
+    attn_merge_kernel(uint32_t parts, uint32_t q_heads, uint32_t dfull,
+                      const float *__restrict__ pm, const float *__restrict__ pl,
+                      const float *__restrict__ po, float *__restrict__ out)
 {
+    /* v26: block z merges coordinates [z·D, z·D + D) of rows dfull long (dfull / D blocks per
+     * head; launch_merge) */
     constexpr uint32_t D = 32u * NE;
     constexpr int kMergeWarps = W, kMergeThreads = 32 * W;
     __shared__ __align__(16) float s_acc[kMergeWarps][D];
     __shared__ float s_L[kMergeWarps];
-    const uint32_t h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
+    const uint32_t h = blockIdx.x, s = blockIdx.y, x0 = blockIdx.z * D, tid = threadIdx.x;
     const uint32_t warp = tid >> 5, lane = tid & 31u;
     const size_t ml0 = (size_t)s * parts * q_heads + h; /* (m, l) of partition j at ml0 + j·H */
-    const float *base = po + ((size_t)s * parts * q_heads + h) * D + lane * NE;
-    const size_t rows = (size_t)q_heads * D; /* floats between partition rows */
+    const float *base = po + ((size_t)s * parts * q_heads + h) * dfull + x0 + lane * NE;
+    const size_t rows = (size_t)q_heads * dfull; /* floats between partition rows */
     float v[kMergeBatch][NE];
     auto load_batch = [&](uint32_t j0) {
 #pragma unroll
@@ -1708,7 +1710,7 @@ __global__ void __launch_bounds__(32 * W)
             a += s_acc[w][x];
             LL += s_L[w];
         }
-        out[((size_t)s * q_heads + h) * D + x] = LL > 0.0f ? a / LL : 0.0f;
+        out[((size_t)s * q_heads + h) * dfull + x0 + x] = LL > 0.0f ? a / LL : 0.0f;
     }
 }
 
@@ -1760,18 +1762,21 @@ template <int D> cudaError_t launch_partial(const AttnArgs &a, dim3 grid, cudaSt
     return cudaGetLastError();
 }
 
+/* NE coordinates per lane; a head's d coordinates over d / (32·NE) blocks (grid.z).
+ * v26: NE = 4 at d = 256 too, each head over two blocks (96 instead of 48 at B=2, half the
+ * bytes each): merge alone 3.9 → 3.55 µs at B=2 d=256 32K on the H200. NE = 2 (four and two
+ * blocks per head) was slower at both d: 4.1 and, at B=8 d=128, 2.9 vs 2.55 µs. */
 template <int NE>
 void launch_merge(int w, dim3 grid, cudaStream_t st, uint32_t parts, uint32_t q_heads,
-                  const float *pm, const float *pl, const float *po, float *out)
+                  uint32_t d, const float *pm, const float *pl, const float *po, float *out)
 {
-    constexpr int kMost = NE == 8 ? 16 : 32; /* 32 warps at d = 256 spill (≤ 64 registers) */
+    grid.z = d / (32u * NE);
     if (w == 8)
-        attn_merge_kernel<NE, 8><<<grid, 256, 0, st>>>(parts, q_heads, pm, pl, po, out);
+        attn_merge_kernel<NE, 8><<<grid, 256, 0, st>>>(parts, q_heads, d, pm, pl, po, out);
     else if (w == 16)
-        attn_merge_kernel<NE, 16><<<grid, 512, 0, st>>>(parts, q_heads, pm, pl, po, out);
+        attn_merge_kernel<NE, 16><<<grid, 512, 0, st>>>(parts, q_heads, d, pm, pl, po, out);
     else
-        attn_merge_kernel<NE, kMost><<<grid, 32 * kMost, 0, st>>>(parts, q_heads, pm, pl, po,
-                                                                  out);
+        attn_merge_kernel<NE, 32><<<grid, 1024, 0, st>>>(parts, q_heads, d, pm, pl, po, out);
 }
 
 size_t align256(size_t x)
@@ -1864,11 +1869,9 @@ extern "C" kvk_status_t kvk_cuda_attn_merge(uint32_t batch, uint32_t parts_per_s
     const dim3 grid(q_heads, batch);
     const int w = merge_warps(parts_per_seq);
     if (d == 64)
-        launch_merge<2>(w, grid, stream, parts_per_seq, q_heads, part_m, part_l, part_o, out);
-    else if (d == 128)
-        launch_merge<4>(w, grid, stream, parts_per_seq, q_heads, part_m, part_l, part_o, out);
-    else
-        launch_merge<8>(w, grid, stream, parts_per_seq, q_heads, part_m, part_l, part_o, out);
+        launch_merge<2>(w, grid, stream, parts_per_seq, q_heads, d, part_m, part_l, part_o, out);
+    else /* 128: one block per head; 256: two (launch_merge) */
+        launch_merge<4>(w, grid, stream, parts_per_seq, q_heads, d, part_m, part_l, part_o, out);
     return cudaGetLastError() == cudaSuccess ? KVK_OK : KVK_EDEVICE;
 }
 
