@@ -107,7 +107,8 @@ static inline uint32_t kv_attn_num_parts(uint32_t batch, uint32_t num_splits)
  * so on the GPU they run a second format's phase, a fixed cost per split (B=2 d=256 32K: the
  * split holding page 0 ended 4.5 µs after the others, docs/perf.md session 6). The longest
  * split, and so the kernel's critical path, is chunk pages either way. Splits past the pages
- * are empty. One rule for the CPU twin and both GPU kernels: partitions must match. */
+ * are empty; num_splits ≥ 1 (the callers check). One rule for the CPU twin and both GPU
+ * kernels: partitions must match. */
 KV_HD void kv_attn_split_range(uint64_t np, uint32_t num_splits, uint32_t split, uint64_t *p0,
                                uint64_t *p1)
 {
