@@ -116,6 +116,17 @@ struct Geo {
     uint32_t many; /* 0: 5/1/8 pages per sequence; else many / 1 / many + 37 (v2 ring wrap) */
 };
 
+/* the device buffer dev must equal want byte for byte: one check named what */
+static void check_bytes(const uint8_t *dev, const std::vector<uint8_t> &want, const char *what)
+{
+    std::vector<uint8_t> got(want.size());
+    d2h(got.data(), dev, got.size());
+    size_t diff = 0;
+    for (size_t i = 0; i < got.size(); i++)
+        diff += got[i] != want[i];
+    check(diff == 0, what, "%zu of %zu bytes differ", diff, got.size());
+}
+
 static double rel_l2(const float *a, const double *ref, size_t n)
 {
     double num = 0, den = 0;
@@ -205,14 +216,7 @@ static void run_geometry(const Geo &G, bool small, bool attn)
         if (rc != KVK_OK)
             check(false, "append cpu twin", "rc %d", rc);
     }
-    {
-        std::vector<uint8_t> got(h8.size());
-        d2h(got.data(), d8, got.size());
-        size_t diff = 0;
-        for (size_t i = 0; i < got.size(); i++)
-            diff += got[i] != h8[i];
-        check(diff == 0, "append fp8 bit-exact", "%zu of %zu bytes differ", diff, got.size());
-    }
+    check_bytes(d8, h8, "append fp8 bit-exact");
 
     /* ---- retier: FP8 phys i → TQ3 phys PT-1-i (the first PT FP8 pages), twice. Pass 0: every
      * third token of each block is a crafted row (same bytes on both sides): all ±0 codes, one
@@ -326,12 +330,7 @@ static void run_geometry(const Geo &G, bool small, bool attn)
         KCK(kvk_cuda_page_promote(&g, &dpb, PT, drd, drs, 0));
         for (uint32_t i = 0; i < PT; i++)
             kv_page_promote(&g, ht.data() + rd[i] * pbt, h8b.data() + rs[i] * pb8);
-        std::vector<uint8_t> got(h8b.size());
-        d2h(got.data(), d8b, got.size());
-        size_t diff = 0;
-        for (size_t i = 0; i < got.size(); i++)
-            diff += got[i] != h8b[i];
-        check(diff == 0, "promote fp8 bit-exact", "%zu of %zu bytes differ", diff, got.size());
+        check_bytes(d8b, h8b, "promote fp8 bit-exact");
         /* crafted TQ3 rows (same bytes on both sides): every code word random, and every third
          * token's metadata NaN, ±inf, negative, zero, the smallest subnormal or 65504 — the
          * zero-row rule, γ's sign and the FP8 range edges. splitmix, not rnd(): the stream of
@@ -363,12 +362,7 @@ static void run_geometry(const Geo &G, bool small, bool attn)
         KCK(kvk_cuda_page_promote(&g, &dpc, PT, drd, drs, 0));
         for (uint32_t i = 0; i < PT; i++)
             kv_page_promote(&g, htc.data() + rd[i] * pbt, h8b.data() + rs[i] * pb8);
-        d2h(got.data(), d8b, got.size());
-        diff = 0;
-        for (size_t i = 0; i < got.size(); i++)
-            diff += got[i] != h8b[i];
-        check(diff == 0, "promote crafted rows bit-exact", "%zu of %zu bytes differ", diff,
-              got.size());
+        check_bytes(d8b, h8b, "promote crafted rows bit-exact");
         CK(cudaFree(dtc));
         CK(cudaFree(d8b));
     }
