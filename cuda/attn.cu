@@ -792,6 +792,11 @@ __device__ __forceinline__ void cp16s(uint32_t dst, const void *src)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
+/* a bulk prefetch of bytes (a multiple of 16, from a 16-byte aligned p) into L2 */
+__device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void cp_commit()
 {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -1515,6 +1520,178 @@ __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &b
     }
 }
 
+/* v28: the FP8 tail. In kvd's layout a split of the mix holds at most two FP8 pages (the
+ * first page, the last two), and v26's block-wide FP8 phase for them cost ~11k cycles per
+ * block at B=8 32K (a prologue and an epilogue for 16 warps, 14 of them idle): the whole gap
+ * between the mix and all-TQ3. A split that holds TQ3 pages and at most kTailPages FP8 pages
+ * of at most kTailTokens live tokens runs no FP8 phase:
+ * - the prescan lists those pages in s_f8 (kF8…) and prefetches them into L2;
+ * - after the TQ3 phase, fast_tail stages their K and V rows and the group's query rows in
+ *   the (now free) rings with one cp.async round trip; each warp computes a quarter of one
+ *   head's FP8 partition (8 tokens) in plain FP32, and a second pass merges the quarters.
+ * fast_tail is a separate function (__noinline__, scalar arguments): inlined (session 7,
+ * branch v27-fp8-tail) similar code moved ptxas's register and pipe choices in the hot loops
+ * and made all-TQ3 2-3% and all-FP8 1-7% slower although neither runs it. ptxas still sees
+ * the call, and any edit of this file re-draws the loops' code (docs/perf.md "Session 8":
+ * variants of this same tail measured all-TQ3 0.0789-0.0808 ms at B=8 32K), so every change
+ * here needs the A/B of docs/perf.md, and the SASS of the loops tells the draws apart.
+ * Same partition semantics as fast_phase's: m in natural-log units, l = Σ 2^(s − m), Ō = Σ …/l.
+ * Called by every thread of the block (it holds barriers). buf: the rings; k0 / v0, k1 / v1:
+ * the K / V block of page 0 / 1 (sequence order) at token 0, scales at + kmoff / + vmoff;
+ * n0 ≥ 1, n0 + n1 ≤ kTailTokens; q: the group's gh query rows (16-byte aligned: the launcher
+ * checks); qs: sm_scale · log2 e; out_*: head 0's partition row (heads are consecutive rows).
+ * Only at D ≤ 128 (16 warps): at d = 256 the FP8 phase already fits in the slack that
+ * decision 47 leaves the end splits (mix and all-TQ3 measure the same there). */
+constexpr uint32_t kTailPages = 2;
+constexpr uint32_t kTailTokens = 32;
+template <int D> constexpr bool tail_enabled() { return D <= 128; }
+/* the words of the fast kernel's s_f8 */
+enum : uint32_t {
+    kF8Count = 0, /* FP8 pages listed by the prescan (when they are few) */
+    kF8Phys = 1,  /* [kTailPages] their physical pages */
+    kF8Page = 3,  /* [kTailPages] their logical pages, in the order listed */
+    kF8On = 8,    /* the block runs the tail */
+};
+template <int D, int NT>
+__device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const uint8_t *v0,
+                                       const uint8_t *k1, const uint8_t *v1, uint32_t n0,
+                                       uint32_t n1, uint64_t kmoff, uint64_t vmoff,
+                                       const float *q, uint32_t gh, float qs, float *out_m,
+                                       float *out_l, float *out_o)
+{
+    /* NE ≤ 4 (D ≤ 128, tail_enabled): a lane's V coordinates are at most one word */
+    constexpr uint32_t NE = D / 32, CH = D / 16; /* 16-byte chunks of a code row */
+    static_assert(2 * kTailTokens * D + 4 * kMaxGroup * D + 4 * 4 * kMaxGroup * (D + 2) <=
+                      FastCfg<D>::kSmem,
+                  "the tail's stages and partials fit in the rings");
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, nt = n0 + n1;
+    uint8_t *sk = buf, *sv = buf + kTailTokens * D;
+    float *sq = reinterpret_cast<float *>(buf + 2 * kTailTokens * D);
+    /* ---- stage: K rows, V rows (token t at t·D), query rows ---- */
+    __syncthreads(); /* the TQ3 phase's epilogue is done with the rings */
+    for (uint32_t c = tid; c < 2 * nt * CH; c += NT) {
+        const uint32_t kind = c / (nt * CH), r = c % (nt * CH), t = r / CH, x = r % CH;
+        const uint8_t *src = kind == 0 ? (t < n0 ? k0 + (size_t)t * D : k1 + (size_t)(t - n0) * D)
+                                       : (t < n0 ? v0 + (size_t)t * D : v1 + (size_t)(t - n0) * D);
+        cp16((kind == 0 ? sk : sv) + t * D + 16 * x, src + 16 * x);
+    }
+    for (uint32_t c = tid; c < gh * (D / 4); c += NT)
+        cp16(sq + 4 * c, q + 4 * c);
+    cp_commit();
+    /* this lane's token scales, in flight with the copies */
+    const bool live = lane < nt;
+    const uint32_t row = lane < n0 ? lane : lane - n0;
+    float lsc_k = 0.0f, lsc_v = 0.0f; /* token `lane`'s K and V scales */
+    if (live) {
+        lsc_k = reinterpret_cast<const float *>((lane < n0 ? k0 : k1) + kmoff)[row];
+        lsc_v = reinterpret_cast<const float *>((lane < n0 ? v0 : v1) + vmoff)[row];
+    }
+    cp_wait<0>();
+    __syncthreads();
+    /* ---- one item per warp: head h, tokens 8·qt … 8·qt + 7 (lane 4·i + j: token 8·qt + i,
+     * coordinates j·D/4 …, chunks staggered by j); each writes its partial (Ō unnormalised,
+     * m, l) to xs, and warp h merges head h's four. One warp per head took 3.8k cycles at
+     * B=8 32K (timeline), a quarter per warp 2.8k. ---- */
+    constexpr uint32_t W = NT / 32, QC = D / 64; /* 16-byte chunks of a lane's quarter row */
+    float *xs = sq + kMaxGroup * D;              /* [item][D + 2]: Ō, m, l */
+    const uint32_t warp = tid >> 5, ti = lane >> 2, tj = lane & 3u;
+    for (uint32_t it = warp; it < 4 * gh; it += W) {
+        const uint32_t h = it >> 2, t = 8 * (it & 3u) + ti;
+        const float *qh = sq + h * D + tj * (D / 4);
+        float s, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (t < nt) {
+#pragma unroll
+            for (uint32_t j = 0; j < QC; j++) {
+                const uint32_t c0 = 16u * ((j + tj) % QC);
+                const uint4 kw = *reinterpret_cast<const uint4 *>(sk + t * D + tj * (D / 4) + c0);
+                const uint32_t w4[4] = {kw.x, kw.y, kw.z, kw.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float4 qv = *reinterpret_cast<const float4 *>(qh + c0 + 4 * k);
+                    const uint32_t lo = fp8x2_to_h2(w4[k] & 0xffffu);
+                    const uint32_t hi = fp8x2_to_h2(w4[k] >> 16);
+                    const float2 x01 = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
+                    const float2 x23 = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
+                    acc[k] = fmaf(x01.x, qv.x,
+                                  fmaf(x01.y, qv.y, fmaf(x23.x, qv.z, fmaf(x23.y, qv.w, acc[k]))));
+                }
+            }
+        }
+        float d = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        d += __shfl_xor_sync(0xffffffffu, d, 1);
+        d += __shfl_xor_sync(0xffffffffu, d, 2);
+        const float kst = __shfl_sync(0xffffffffu, lsc_k, t & 31u);
+        s = t < nt ? d * qs * kst : -INFINITY;
+        float m = s;
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1)
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        /* an empty item (every token ≥ nt): m = −inf, l = 0, Ō = 0 */
+        const float p = t < nt ? ex2(s - m) : 0.0f;
+        float l = p;
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1)
+            l += __shfl_xor_sync(0xffffffffu, l, off);
+        const float w = p * __shfl_sync(0xffffffffu, lsc_v, t & 31u);
+        float o[NE];
+#pragma unroll
+        for (uint32_t k = 0; k < NE; k++)
+            o[k] = 0.0f;
+#pragma unroll
+        for (uint32_t i = 0; i < 8; i++) {
+            const uint32_t tt = 8 * (it & 3u) + i;
+            const float wt = __shfl_sync(0xffffffffu, w, 4 * i);
+            if (tt < nt) {
+                const uint8_t *vr = sv + tt * D + lane * NE;
+                const uint32_t word = NE == 2 ? *reinterpret_cast<const uint16_t *>(vr)
+                                              : *reinterpret_cast<const uint32_t *>(vr);
+                const uint32_t lo = fp8x2_to_h2(word & 0xffffu), hi = fp8x2_to_h2(word >> 16);
+                const float2 x01 = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
+                const float2 x23 = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
+                const float x[4] = {x01.x, x01.y, x23.x, x23.y};
+#pragma unroll
+                for (uint32_t k = 0; k < NE && k < 4; k++)
+                    o[k] = fmaf(wt, x[k], o[k]);
+            }
+        }
+        float *xr = xs + it * (D + 2);
+#pragma unroll
+        for (uint32_t k = 0; k < NE && k < 4; k++)
+            xr[lane * NE + k] = o[k];
+        if (lane == 0)
+            xr[D] = m, xr[D + 1] = l;
+    }
+    __syncthreads();
+    for (uint32_t h = warp; h < gh; h += W) {
+        const float *xr = xs + 4 * h * (D + 2);
+        float mq[4], lq[4], M = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            mq[j] = xr[j * (D + 2) + D], lq[j] = xr[j * (D + 2) + D + 1];
+            M = fmaxf(M, mq[j]);
+        }
+        float L = 0.0f, wq[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            wq[j] = lq[j] > 0.0f ? ex2(mq[j] - M) : 0.0f;
+            L += wq[j] * lq[j];
+        }
+        const float rl = 1.0f / L; /* L ≥ 1: the maximum's own term */
+        if (lane == 0) {
+            out_m[h] = M * kLn2;
+            out_l[h] = L;
+        }
+#pragma unroll
+        for (uint32_t k = 0; k < NE && k < 4; k++) {
+            float v = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                v = fmaf(wq[j], xr[j * (D + 2) + lane * NE + k], v);
+            out_o[h * D + lane * NE + k] = v * rl;
+        }
+    }
+}
+
 template <int D>
 __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
     attn_fast_kernel(AttnArgs a)
@@ -1525,6 +1702,7 @@ __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
     __shared__ float s_m[W][kMaxGroup], s_l[W][kMaxGroup], s_z[W][kMaxGroup];
     __shared__ uint32_t s_tn[W][8];
     __shared__ uint32_t s_sgn[32];
+    __shared__ uint32_t s_f8[32]; /* the FP8 tail's list (kF8…): 32 words, see below */
     /* The dynamic part (the rings) starts right after these, at 16-byte alignment only (an
      * __align__ on smem is not honoured; checked on the H200), so they must add up to whole
      * 128-byte lines: with 16 bytes more of them (a 2-word array, session 6) every ring sat 16
@@ -1535,7 +1713,7 @@ __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
      * Grouping the arrays in one padded struct instead moved the register allocation and cost
      * B=8 32K mix 2%. Any array added here must be counted here. */
     static_assert((sizeof(s_q) + sizeof(s_m) + sizeof(s_l) + sizeof(s_z) + sizeof(s_tn) +
-                   sizeof(s_sgn)) % 128 == 0,
+                   sizeof(s_sgn) + sizeof(s_f8)) % 128 == 0,
                   "the rings after the static shared arrays stay on 128-byte lines");
 
     TRACE_GT(10);
@@ -1560,7 +1738,10 @@ __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
 
     /* which formats does this split hold at all? (v7: 4 ids, then 4 entries per thread in
      * flight, instead of one dependent id → entry pair per iteration) */
-    bool has8 = false, hast = false;
+    bool has8 = false, hast = false; /* has8: without the tail (d = 256), v26's flag */
+    uint32_t c8 = 0, p8 = 0, phys8 = 0; /* this thread's FP8 pages: count, the first one */
+    if (threadIdx.x == 0) /* before the first barrier; the atomics and reads come after it */
+        s_f8[kF8Count] = s_f8[kF8On] = 0;
     for (uint32_t pb = bk.p0 + threadIdx.x; pb < bk.p1; pb += 4 * NT) {
         uint32_t id[4];
 #pragma unroll
@@ -1574,24 +1755,88 @@ __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
                 const kv_dir_entry_t e = a.dir[id[k]];
                 const int f = (int)kv_dir_fmt(e);
                 if ((kv_dir_flags(e) & KV_DIR_VALID) && f < KV_FMT_COUNT &&
-                    kv_dir_phys(e) < a.pools.pages[f])
-                    (f == KV_FMT_FP8 ? has8 : hast) = true;
+                    kv_dir_phys(e) < a.pools.pages[f]) {
+                    if (f == KV_FMT_FP8) {
+                        if (!tail_enabled<D>())
+                            has8 = true;
+                        else if (c8++ == 0)
+                            p8 = pb + (uint32_t)k * NT, phys8 = kv_dir_phys(e);
+                    } else {
+                        hast = true;
+                    }
+                }
             }
         }
     }
     TRACE(1);
-    const bool h8 = __syncthreads_or(has8) != 0;
+    /* threads that saw an FP8 page (a vote where there is no tail: d = 256 keeps v26's code) */
+    const uint32_t n8 = tail_enabled<D>() ? (uint32_t)__syncthreads_count(c8 != 0)
+                                          : (uint32_t)__syncthreads_or(has8);
+    const bool h8 = n8 != 0;
     const bool ht = __syncthreads_or(hast) != 0;
+    /* the FP8 tail (fast_tail): TQ3 pages and at most kTailPages FP8 pages, one per thread (a
+     * thread sees a second one only in a split of more than NT pages: then no tail), of at
+     * most kTailTokens tokens. It needs ht: the TQ3 phase's barriers publish s_f8[kF8On]. */
+    bool tail = false;
+    if (tail_enabled<D>() && ht && n8 - 1u < kTailPages && __syncthreads_or(c8 > 1) == 0) {
+        if (c8 != 0) {
+            const uint32_t i = atomicAdd(&s_f8[kF8Count], 1u);
+            s_f8[kF8Phys + i] = phys8;
+            s_f8[kF8Page + i] = p8;
+            /* the tail reads this page's K and V blocks after the TQ3 phase: into L2 now */
+            const kv_geom_t &geo = a.g;
+            const uint8_t *pg =
+                a.pools.base[KV_FMT_FP8] + (uint64_t)phys8 * kv_page_bytes(&geo, KV_FMT_FP8);
+            prefetch_l2(pg + kv_block_offset(&geo, KV_FMT_FP8, a.layer, KV_KIND_K, bk.kvh),
+                        (uint32_t)kv_block_bytes(&geo, KV_FMT_FP8, KV_KIND_K));
+            prefetch_l2(pg + kv_block_offset(&geo, KV_FMT_FP8, a.layer, KV_KIND_V, bk.kvh),
+                        (uint32_t)kv_block_bytes(&geo, KV_FMT_FP8, KV_KIND_V));
+        }
+        __syncthreads();
+        uint32_t ntok = 0;
+        for (uint32_t i = 0; i < n8; i++)
+            ntok += (uint32_t)min((uint64_t)bk.pt,
+                                  (uint64_t)bk.len - (uint64_t)s_f8[kF8Page + i] * bk.pt);
+        tail = ntok <= kTailTokens;
+    }
+    if (tail && threadIdx.x == 0) /* only then: ht, so the TQ3 phase's barriers publish it */
+        s_f8[kF8On] = 1;
 
     FastSmem<D> sm = {s_q, s_m, s_l, s_z, s_tn, s_sgn, smem};
-    if (h8)
+    if (h8 && !tail)
         fast_phase<D, KV_FMT_FP8>(a, bk, sm);
-    else
+    else if (!tail)
         fast_empty<D>(a, bk, KV_FMT_FP8);
     if (ht)
         fast_phase<D, KV_FMT_TQ3>(a, bk, sm);
     else
         fast_empty<D>(a, bk, KV_FMT_TQ3);
+    /* s_f8 again, not `tail`: a register live across the phases' loops moves ptxas's
+     * allocation of them. Block-uniform. */
+    if (tail_enabled<D>() && s_f8[kF8On]) {
+        const uint32_t n8 = s_f8[kF8Count];
+        /* pages in sequence order, so that a token's lane does not depend on the atomics */
+        const uint32_t sw = n8 == 2 && s_f8[kF8Page + 1] < s_f8[kF8Page];
+        const kv_geom_t &geo = a.g;
+        const uint64_t pb8 = kv_page_bytes(&geo, KV_FMT_FP8);
+        const uint64_t koff = kv_block_offset(&geo, KV_FMT_FP8, a.layer, KV_KIND_K, bk.kvh);
+        const uint64_t voff = kv_block_offset(&geo, KV_FMT_FP8, a.layer, KV_KIND_V, bk.kvh);
+        const uint8_t *pg0 = a.pools.base[KV_FMT_FP8] + (uint64_t)s_f8[kF8Phys + sw] * pb8;
+        const uint8_t *pg1 = a.pools.base[KV_FMT_FP8] + (uint64_t)s_f8[kF8Phys + 1 - sw] * pb8;
+        const uint32_t q0 = s_f8[kF8Page + sw], q1 = s_f8[kF8Page + 1 - sw];
+        const uint32_t n0 =
+            (uint32_t)min((uint64_t)bk.pt, (uint64_t)bk.len - (uint64_t)q0 * bk.pt);
+        const uint32_t n1 =
+            n8 == 2 ? (uint32_t)min((uint64_t)bk.pt, (uint64_t)bk.len - (uint64_t)q1 * bk.pt)
+                    : 0u;
+        const size_t part = ((size_t)bk.s * a.num_splits + bk.split) * KV_FMT_COUNT + KV_FMT_FP8;
+        const size_t row = part * a.q_heads + bk.h0;
+        fast_tail<D, NT>(smem, pg0 + koff, pg0 + voff, pg1 + koff, pg1 + voff, n0, n1,
+                         kv_block_meta_offset(&geo, KV_FMT_FP8, KV_KIND_K),
+                         kv_block_meta_offset(&geo, KV_FMT_FP8, KV_KIND_V),
+                         a.q + ((uint64_t)bk.s * a.q_heads + bk.h0) * D, bk.gh,
+                         a.sm_scale * kLog2e, a.part_m + row, a.part_l + row, a.part_o + row * D);
+    }
     TRACE(8);
 #ifdef KVK_ATTN_TRACE
     {
@@ -1804,7 +2049,8 @@ extern "C" kvk_status_t kvk_cuda_attn_partial(const kv_geom_t *g, const kv_pools
         return KVK_EINVAL;
     if (b->batch == 0)
         return KVK_OK;
-    if (!q || !b->page_indptr || !b->page_ids || !b->seq_len || !dir)
+    /* q 16-byte aligned: the fast kernel's FP8 tail stages query rows with cp.async */
+    if (!q || !b->page_indptr || !b->page_ids || !b->seq_len || !dir || (uintptr_t)q % 16u)
         return KVK_EINVAL;
     for (int f = 0; f < KV_FMT_COUNT; f++)
         if ((uintptr_t)pools->base[f] % KV_BLOCK_ALIGN != 0)

@@ -74,8 +74,9 @@ kvk_status_t kvk_cuda_page_promote(const kv_geom_t *g, const kv_pools_t *pools, 
 /* Partition layout, m/l/Ō semantics and the split rule are exactly kv_attn_partial's
  * (kvkern.h): part index (s * num_splits + split) * KV_FMT_COUNT + fmt, m in natural-log
  * units, l = Σ exp(s − m), Ō normalised, empty partition (−inf, 0, 0). q: [batch][q_heads][d]
- * float. b->page_indptr, b->page_ids, b->seq_len are device arrays. q_heads / kv_heads may be
- * any integer ≥ 1; groups of more than 8 query heads are handled by several blocks. */
+ * float, 16-byte aligned (KVK_EINVAL otherwise). b->page_indptr, b->page_ids, b->seq_len are
+ * device arrays. q_heads / kv_heads may be any integer ≥ 1; groups of more than 8 query heads
+ * are handled by several blocks. */
 kvk_status_t kvk_cuda_attn_partial(const kv_geom_t *g, const kv_pools_t *pools,
                                    const kv_dir_entry_t *dir, uint32_t dir_len,
                                    const kv_attn_batch_t *b, const float *q, uint32_t num_splits,

@@ -690,6 +690,10 @@ kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t l
             rc = kv_attn_merge(b.batch, splits * KV_FMT_COUNT, q_heads, d, pm, pl, po, out);
     } else {
 #ifdef KVS_HAVE_CUDA
+        if ((uintptr_t)qv % 16u != 0)
+            return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                            "kvs_attention: q must be 16-byte aligned on the GPU (got %p)",
+                            (const void *)qv);
         uint32_t max_pages = 0;
         for (size_t i = 0; i < nseq; i++)
             max_pages =

@@ -99,7 +99,8 @@ size_t kvs_seq_pages(const kvs_seq_t *q, uint32_t *pages, size_t cap); /* block 
 /* Decode attention of one query per sequence over its whole length (every token's K/V of
  * `layer` appended, else FAILED_PRECONDITION): q, out
  * [nseq][q_heads][head_dim] float (q_heads a multiple of kv_heads; query head h reads KV head
- * h / (q_heads / kv_heads)). sm_scale 0: 1/sqrt(head_dim). */
+ * h / (q_heads / kv_heads)). sm_scale 0: 1/sqrt(head_dim). On the GPU q must be 16-byte
+ * aligned (INVALID_ARGUMENT otherwise; cudaMalloc'd buffers are). */
 kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t layer,
                        uint32_t q_heads, const float *q, float sm_scale, float *out);
 void kvs_seq_end(kvs_seq_t **q); /* releases the references; NULL-safe */

@@ -530,7 +530,10 @@ static void run_geometry(const Geo &G, bool small, bool attn)
                   kvk_cuda_attn_partial(&g, &dp, ddir, 1, &db, dq, 0, dq, dq, dq, 0) ==
                       KVK_EINVAL &&
                   kvk_cuda_attn_decode(&g, &dp, ddir, 1, &db, dq, 1, nullptr, 0, dq, 0) ==
-                      KVK_EINVAL;
+                      KVK_EINVAL &&
+                  /* q must be 16-byte aligned (the fast kernel stages it with cp.async) */
+                  kvk_cuda_attn_partial(&g, &dp, ddir, (uint32_t)dir.size(), &db, dq + 1, 1, dq,
+                                        dq, dq, 0) == KVK_EINVAL;
         check(ok, "launchers reject bad arguments", "");
     }
 
