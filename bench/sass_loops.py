@@ -21,11 +21,13 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` is fine
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("obj")
     ap.add_argument("--d", default="128", help="head_dim of the kernel (64, 128, 256)")
