@@ -1526,9 +1526,11 @@ __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &b
  * between the mix and all-TQ3. A split that holds TQ3 pages and at most kTailPages FP8 pages
  * of at most kTailTokens live tokens runs no FP8 phase:
  * - the prescan lists those pages in s_f8 (kF8…) and prefetches them into L2;
- * - after the TQ3 phase, fast_tail stages their K and V rows and the group's query rows in
- *   the (now free) rings with one cp.async round trip; each warp computes a quarter of one
- *   head's FP8 partition (8 tokens) in plain FP32, and a second pass merges the quarters.
+ * - after the TQ3 phase's loops, while warps 0-3 still combine the TQ3 heads, warps 4-15
+ *   stage the tokens' K and V rows and the group's query rows in the rings past the combine's
+ *   buffer with one cp.async round trip; each computes a quarter of one head's FP8 partition
+ *   (8 tokens) in plain FP32, and a second pass merges the quarters (v29; v28 ran the tail
+ *   after the combine with all 16 warps: B=8 32K mix 0.0833 → 0.0821 ms in one call).
  * fast_tail is a separate function (__noinline__, scalar arguments): inlined (session 7,
  * branch v27-fp8-tail) similar code moved ptxas's register and pipe choices in the hot loops
  * and made all-TQ3 2-3% and all-FP8 1-7% slower although neither runs it. ptxas still sees
@@ -1536,7 +1538,9 @@ __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &b
  * variants of this same tail measured all-TQ3 0.0789-0.0808 ms at B=8 32K), so every change
  * here needs the A/B of docs/perf.md, and the SASS of the loops tells the draws apart.
  * Same partition semantics as fast_phase's: m in natural-log units, l = Σ 2^(s − m), Ō = Σ …/l.
- * Called by every thread of the block (it holds barriers). buf: the rings; k0 / v0, k1 / v1:
+ * Called by every thread of the block: warps below kTailWarp0 return at once, the others
+ * synchronise among themselves (named barrier 1; no __syncthreads may follow the call in the
+ * kernel). buf: the rings; k0 / v0, k1 / v1:
  * the K / V block of page 0 / 1 (sequence order) at token 0, scales at + kmoff / + vmoff;
  * n0 ≥ 1, n0 + n1 ≤ kTailTokens; q: the group's gh query rows (16-byte aligned: the launcher
  * checks); qs: sm_scale · log2 e; out_*: head 0's partition row (heads are consecutive rows).
@@ -1544,6 +1548,8 @@ __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &b
  * decision 47 leaves the end splits (mix and all-TQ3 measure the same there). */
 constexpr uint32_t kTailPages = 2;
 constexpr uint32_t kTailTokens = 32;
+/* fast_phase's combine warps: its HPW = 2 heads per warp (the prologue's qwarp map) */
+constexpr uint32_t kTailWarp0 = kMaxGroup / 2;
 template <int D> constexpr bool tail_enabled() { return D <= 128; }
 /* the words of the fast kernel's s_f8 */
 enum : uint32_t {
@@ -1561,21 +1567,29 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
 {
     /* NE ≤ 4 (D ≤ 128, tail_enabled): a lane's V coordinates are at most one word */
     constexpr uint32_t NE = D / 32, CH = D / 16; /* 16-byte chunks of a code row */
-    static_assert(2 * kTailTokens * D + 4 * kMaxGroup * D + 4 * 4 * kMaxGroup * (D + 2) <=
+    /* warps kTailWarp0 … run the tail while warps 0 … kTailWarp0 − 1 may still combine the
+     * TQ3 heads (fast_phase's last loop, after its last barrier: every warp's TQ3 loop is
+     * over), so the stages sit past the combine's buffer (kSo) and the barriers are named
+     * ones of the tail warps only */
+    constexpr uint32_t TT = NT - 32 * kTailWarp0, NTW = TT / 32;
+    constexpr size_t kSo = (size_t)FastCfg<D>::kWarps * kMaxGroup * FastCfg<D>::kORow * 4;
+    static_assert(!tail_enabled<D>() || kSo + 2 * kTailTokens * D + 4 * kMaxGroup * D +
+                                             4 * 4 * kMaxGroup * (D + 2) <=
                       FastCfg<D>::kSmem,
-                  "the tail's stages and partials fit in the rings");
-    const uint32_t tid = threadIdx.x, lane = tid & 31u, nt = n0 + n1;
-    uint8_t *sk = buf, *sv = buf + kTailTokens * D;
-    float *sq = reinterpret_cast<float *>(buf + 2 * kTailTokens * D);
+                  "the tail's stages and partials fit in the rings past the combine's buffer");
+    if (threadIdx.x < 32 * kTailWarp0)
+        return;
+    const uint32_t tid = threadIdx.x - 32 * kTailWarp0, lane = tid & 31u, nt = n0 + n1;
+    uint8_t *sk = buf + kSo, *sv = sk + kTailTokens * D;
+    float *sq = reinterpret_cast<float *>(sk + 2 * kTailTokens * D);
     /* ---- stage: K rows, V rows (token t at t·D), query rows ---- */
-    __syncthreads(); /* the TQ3 phase's epilogue is done with the rings */
-    for (uint32_t c = tid; c < 2 * nt * CH; c += NT) {
-        const uint32_t kind = c / (nt * CH), r = c % (nt * CH), t = r / CH, x = r % CH;
-        const uint8_t *src = kind == 0 ? (t < n0 ? k0 + (size_t)t * D : k1 + (size_t)(t - n0) * D)
-                                       : (t < n0 ? v0 + (size_t)t * D : v1 + (size_t)(t - n0) * D);
-        cp16((kind == 0 ? sk : sv) + t * D + 16 * x, src + 16 * x);
+    for (uint32_t c = tid; c < nt * CH; c += TT) {
+        const uint32_t t = c / CH, x = 16 * (c % CH);
+        const size_t r = (size_t)(t < n0 ? t : t - n0) * D + x;
+        cp16(sk + t * D + x, (t < n0 ? k0 : k1) + r);
+        cp16(sv + t * D + x, (t < n0 ? v0 : v1) + r);
     }
-    for (uint32_t c = tid; c < gh * (D / 4); c += NT)
+    for (uint32_t c = tid; c < gh * (D / 4); c += TT)
         cp16(sq + 4 * c, q + 4 * c);
     cp_commit();
     /* this lane's token scales, in flight with the copies */
@@ -1587,14 +1601,14 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
         lsc_v = reinterpret_cast<const float *>((lane < n0 ? v0 : v1) + vmoff)[row];
     }
     cp_wait<0>();
-    __syncthreads();
+    asm volatile("bar.sync 1, %0;" ::"r"(TT) : "memory");
     /* ---- one item per warp: head h, tokens 8·qt … 8·qt + 7 (lane 4·i + j: token 8·qt + i,
      * coordinates j·D/4 …, chunks staggered by j); each writes its partial (Ō unnormalised,
      * m, l) to xs, and warp h merges head h's four. One warp per head took 3.8k cycles at
      * B=8 32K (timeline), a quarter per warp 2.8k. ---- */
-    constexpr uint32_t W = NT / 32, QC = D / 64; /* 16-byte chunks of a lane's quarter row */
-    float *xs = sq + kMaxGroup * D;              /* [item][D + 2]: Ō, m, l */
-    const uint32_t warp = tid >> 5, ti = lane >> 2, tj = lane & 3u;
+    constexpr uint32_t W = NTW, QC = D / 64; /* 16-byte chunks of a lane's quarter row */
+    float *xs = sq + kMaxGroup * D;          /* [item][D + 2]: Ō, m, l */
+    const uint32_t warp = tid >> 5, ti = lane >> 2, tj = lane & 3u; /* warp: of the tail's */
     for (uint32_t it = warp; it < 4 * gh; it += W) {
         const uint32_t h = it >> 2, t = 8 * (it & 3u) + ti;
         const float *qh = sq + h * D + tj * (D / 4);
@@ -1661,7 +1675,7 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
         if (lane == 0)
             xr[D] = m, xr[D + 1] = l;
     }
-    __syncthreads();
+    asm volatile("bar.sync 1, %0;" ::"r"(TT) : "memory");
     for (uint32_t h = warp; h < gh; h += W) {
         const float *xr = xs + 4 * h * (D + 2);
         float mq[4], lq[4], M = -INFINITY;
