@@ -17,6 +17,7 @@
  * kvc_rehello. kvc_rehello before any hello is FAILED_PRECONDITION (also after a hello refused
  * locally for a client name over 256 bytes: nothing is remembered from it).
  */
+#include <fcntl.h>
 #include <inttypes.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -26,8 +27,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -258,9 +262,61 @@ static void test_rehello_needs_hello(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* "Ready" (the fd socket exists) means a SIGTERM takes the clean path: exit 0. kvd used to
+ * install its signal handlers just after creating the socket, and a SIGTERM in between killed
+ * it (status 128 + 15; seen once in CI under ASan). itest_kvd_start polls every 5 ms, which
+ * almost never hits that window, so this test spawns kvd itself, spins on the socket file and
+ * sends SIGTERM the moment it appears, twenty times. */
+static void test_sigterm_at_ready(void **state)
+{
+    (void)state;
+    char dir[256], ep[320], fds[400], log[320];
+    itest_tmpdir(dir, sizeof dir, "kvd-ready");
+    snprintf(ep, sizeof ep, "ipc://%s/kvd.sock", dir);
+    snprintf(fds, sizeof fds, "%s/kvd.sock.fds", dir);
+    snprintf(log, sizeof log, "%s/kvd.log", dir);
+    const char *argv[] = {
+        KVD_BIN, "--endpoint",    ep,   "--layers",    "2",  "--kv_heads",  "2",  "--head_dim",
+        "64",    "--page_tokens", "16", "--pages_fp8", "64", "--pages_tq3", "16", NULL};
+    for (int i = 0; i < 20; i++) {
+        unlink(fds);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+            if (fd >= 0) {
+                dup2(fd, 1);
+                dup2(fd, 2);
+                close(fd);
+            }
+            execv(KVD_BIN, (char *const *)argv);
+            _exit(127);
+        }
+        struct stat st;
+        int64_t t0 = itest_now_us();
+        while (stat(fds, &st) != 0 && itest_now_us() - t0 < 30000000) {
+        }
+        assert_int_equal(kill(pid, SIGTERM), 0);
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            char cmd[400];
+            snprintf(cmd, sizeof cmd, "cat %s >&2", log);
+            if (system(cmd)) {
+            }
+            fail_msg("stop %d at the ready point: status %d (exited %d, signal %d)", i, status,
+                     WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                     WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+        }
+    }
+    itest_rmtree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sigterm_at_ready),
         cmocka_unit_test(test_reconnect_with_snapshot),
         cmocka_unit_test(test_reconnect_without_snapshot),
         cmocka_unit_test(test_request_while_down),
