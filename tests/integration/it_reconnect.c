@@ -17,7 +17,6 @@
  * kvc_rehello. kvc_rehello before any hello is FAILED_PRECONDITION (also after a hello refused
  * locally for a client name over 256 bytes: nothing is remembered from it).
  */
-#include <fcntl.h>
 #include <inttypes.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -27,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -280,19 +278,7 @@ static void test_sigterm_at_ready(void **state)
         "64",    "--page_tokens", "16", "--pages_fp8", "64", "--pages_tq3", "16", NULL};
     for (int i = 0; i < 20; i++) {
         unlink(fds);
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-            if (fd >= 0) {
-                dup2(fd, 1);
-                dup2(fd, 2);
-                close(fd);
-            }
-            execv(KVD_BIN, (char *const *)argv);
-            _exit(127);
-        }
+        const pid_t pid = itest_kvd_exec(argv, log, 1);
         struct stat st;
         int64_t t0 = itest_now_us();
         while (stat(fds, &st) != 0 && itest_now_us() - t0 < 30000000) {

@@ -36,6 +36,28 @@ static void itest_sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+pid_t itest_kvd_exec(const char *const *argv, const char *log, int append)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* If the test dies (a failed assertion aborts it), the daemon must not outlive it:
+         * an orphan would keep ctest's output pipe open and turn a failure into a timeout. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() == 1)
+            _exit(126);
+        int fd = open(log, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execv(KVD_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
 /* Start kvd on k->endpoint and wait until it is ready. append: keep the log of an earlier
  * daemon on the same directory (restarts). */
 static void itest_kvd_spawn(itest_kvd_t *k, const char *const *extra, int append)
@@ -45,31 +67,15 @@ static void itest_kvd_spawn(itest_kvd_t *k, const char *const *extra, int append
     const char *argv[64];
     int n = 0;
     argv[n++] = KVD_BIN;
-    const char *base[] = {"--endpoint", k->endpoint, "--layers", "2", "--kv_heads", "2",
-                          "--head_dim", "64", "--page_tokens", "16", "--pages_fp8", "256",
-                          "--pages_tq3", "64", "--epoch_ms", "5", NULL};
+    const char *base[] = {"--endpoint",  k->endpoint, "--layers",      "2",  "--kv_heads",  "2",
+                          "--head_dim",  "64",        "--page_tokens", "16", "--pages_fp8", "256",
+                          "--pages_tq3", "64",        "--epoch_ms",    "5",  NULL};
     for (int i = 0; base[i]; i++)
         argv[n++] = base[i];
     for (int i = 0; extra && extra[i] && n < 62; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        /* If the test dies (a failed assertion aborts it), the daemon must not outlive it:
-         * an orphan would keep ctest's output pipe open and turn a failure into a timeout. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() == 1)
-            _exit(126);
-        int fd = open(k->log, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0600);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execv(KVD_BIN, (char *const *)argv);
-        _exit(127);
-    }
+    const pid_t pid = itest_kvd_exec(argv, k->log, append);
     k->pid = pid;
     /* ready when the fd socket exists (the daemon creates it last) */
     for (int64_t t0 = itest_now_us(); itest_now_us() - t0 < 30000000;) {
@@ -312,7 +318,8 @@ int itest_free_port(void)
 size_t itest_scrape(int port, char *out, size_t cap)
 {
     int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     /* no retry: kvd listens on the metrics port before its fd socket (the "ready" file
      * itest_kvd_start waits for) appears, so a refused connect is a bug */
@@ -354,8 +361,8 @@ void itest_seal_known(kvc_t *c, uint32_t seed, uint32_t npages, uint32_t *pages)
         for (uint64_t b = 0; b < pb; b++)
             p[b] = itest_prompt_byte(seed, i, b);
         uint32_t out;
-        assert_int_equal(
-            kvc_seal(c, pages[i], prev, tok + i * ITEST_PT, ITEST_PT, NULL, 0, &out), KV_ERR_OK);
+        assert_int_equal(kvc_seal(c, pages[i], prev, tok + i * ITEST_PT, ITEST_PT, NULL, 0, &out),
+                         KV_ERR_OK);
         assert_int_equal(out, pages[i]);
         prev = pages[i];
     }
