@@ -824,6 +824,11 @@ __device__ __forceinline__ uint32_t movmatrix_t(uint32_t x)
 struct FastBlock {
     uint32_t kvh, split, s, h0, gh, pt, ip0, len, p0, p1;
 };
+/* live tokens of page p (< the live pages) of the block's sequence */
+__device__ __forceinline__ uint32_t fast_page_tokens(const FastBlock &bk, uint64_t p)
+{
+    return (uint32_t)min((uint64_t)bk.pt, (uint64_t)bk.len - p * bk.pt);
+}
 
 /* Timeline probe of the fast kernel, compiled only with -DKVK_ATTN_TRACE (a separate bench
  * binary, never the library build): thread 0 of each of the first kTraceBlocks blocks records
@@ -969,7 +974,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                 it_phys = kv_dir_phys(e);
                 keep = (kv_dir_flags(e) & KV_DIR_VALID) && kv_dir_fmt(e) == (kv_fmt_t)FMT &&
                        it_phys < a.pools.pages[FMT];
-                it_ntok = (uint32_t)min((uint64_t)pt, (uint64_t)bk.len - p * pt);
+                it_ntok = fast_page_tokens(bk, p);
             }
         }
         it_mask = __ballot_sync(0xffffffffu, keep);
@@ -1809,8 +1814,7 @@ __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
         __syncthreads();
         uint32_t ntok = 0;
         for (uint32_t i = 0; i < n8; i++)
-            ntok += (uint32_t)min((uint64_t)bk.pt,
-                                  (uint64_t)bk.len - (uint64_t)s_f8[kF8Page + i] * bk.pt);
+            ntok += fast_page_tokens(bk, s_f8[kF8Page + i]);
         tail = ntok <= kTailTokens;
     }
     if (tail && threadIdx.x == 0) /* only then: ht, so the TQ3 phase's barriers publish it */
@@ -1838,11 +1842,8 @@ __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
         const uint8_t *pg0 = a.pools.base[KV_FMT_FP8] + (uint64_t)s_f8[kF8Phys + sw] * pb8;
         const uint8_t *pg1 = a.pools.base[KV_FMT_FP8] + (uint64_t)s_f8[kF8Phys + 1 - sw] * pb8;
         const uint32_t q0 = s_f8[kF8Page + sw], q1 = s_f8[kF8Page + 1 - sw];
-        const uint32_t n0 =
-            (uint32_t)min((uint64_t)bk.pt, (uint64_t)bk.len - (uint64_t)q0 * bk.pt);
-        const uint32_t n1 =
-            n8 == 2 ? (uint32_t)min((uint64_t)bk.pt, (uint64_t)bk.len - (uint64_t)q1 * bk.pt)
-                    : 0u;
+        const uint32_t n0 = fast_page_tokens(bk, q0);
+        const uint32_t n1 = n8 == 2 ? fast_page_tokens(bk, q1) : 0u;
         const size_t part = ((size_t)bk.s * a.num_splits + bk.split) * KV_FMT_COUNT + KV_FMT_FP8;
         const size_t row = part * a.q_heads + bk.h0;
         fast_tail<D, NT>(smem, pg0 + koff, pg0 + voff, pg1 + koff, pg1 + voff, n0, n1,
