@@ -287,10 +287,7 @@ static void test_sigterm_at_ready(void **state)
         int status = 0;
         assert_int_equal(waitpid(pid, &status, 0), pid);
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            char cmd[400];
-            snprintf(cmd, sizeof cmd, "cat %s >&2", log);
-            if (system(cmd)) {
-            }
+            itest_print_log(log);
             fail_msg("stop %d at the ready point: status %d (exited %d, signal %d)", i, status,
                      WIFEXITED(status) ? WEXITSTATUS(status) : -1,
                      WIFSIGNALED(status) ? WTERMSIG(status) : 0);

@@ -36,6 +36,14 @@ static void itest_sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+void itest_print_log(const char *log)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "cat %s >&2", log);
+    if (system(cmd)) { /* the log is a diagnostic: a failed cat changes nothing */
+    }
+}
+
 pid_t itest_kvd_exec(const char *const *argv, const char *log, int append)
 {
     pid_t pid = fork();
@@ -84,10 +92,7 @@ static void itest_kvd_spawn(itest_kvd_t *k, const char *const *extra, int append
             return;
         int status;
         if (waitpid(pid, &status, WNOHANG) == pid) {
-            char cmd[400];
-            snprintf(cmd, sizeof cmd, "cat %s >&2", k->log);
-            if (system(cmd)) {
-            }
+            itest_print_log(k->log);
             fail_msg("kvd exited during startup (status %d)", status);
         }
         itest_sleep_ms(5);
@@ -128,12 +133,8 @@ int itest_kvd_down(itest_kvd_t *k)
     if (k->pid <= 0)
         return -1;
     int rc = itest_kvd_term(k);
-    if (rc != 0) {
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "cat %s >&2", k->log);
-        if (system(cmd)) {
-        }
-    }
+    if (rc != 0)
+        itest_print_log(k->log);
     return rc;
 }
 

@@ -26,6 +26,8 @@ void itest_kvd_start(itest_kvd_t *k, const char *const *extra);
 /* Fork and exec kvd (argv[0] = KVD_BIN) with stdout and stderr into `log` (appended to when
  * `append`), killed with the test process if that dies first; returns its pid at once. */
 pid_t itest_kvd_exec(const char *const *argv, const char *log, int append);
+/* A daemon's log to stderr (a failing test shows why kvd ended as it did). */
+void itest_print_log(const char *log);
 /* SIGTERM, wait; returns the exit status (0 = clean). Removes the temp dir. */
 int itest_kvd_stop(itest_kvd_t *k);
 /* A fresh directory /tmp/<prefix>-XXXXXX into buf (aborts the test on failure), and its
