@@ -365,11 +365,12 @@ static int child_b(void)
 }
 
 /* D: libkvshim on device pools. Results in shimD.bin: [open error, on device, cached tokens,
- * table starts with A's pages, append errors, attention error]; output in outD.bin. */
+ * table starts with A's pages, append errors, attention error, attention on a q 4 bytes off
+ * 16-byte alignment (error; 1 more when the message says why)]; output in outD.bin. */
 static int child_d(void)
 {
     CK(cudaSetDevice(0));
-    int32_t r[6] = {-1, 0, 0, 0, 0, -1};
+    int32_t r[7] = {-1, 0, 0, 0, 0, -1, -1};
     kvs_t *s = NULL;
     const kvs_opts_t o = {.endpoint = g_ep, .name = "it-cuda-D"};
     r[0] = (int32_t)kvs_open(&s, &o);
@@ -404,12 +405,16 @@ static int child_d(void)
     CK(cudaMalloc(&dq, sizeof qh));
     CK(cudaMalloc(&dout, sizeof out));
     CK(cudaMemcpy(dq, qh, sizeof qh, cudaMemcpyHostToDevice));
-    r[5] = (int32_t)kvs_attention(s, &q, 1, ATTN_LAYER, QH, (const float *)dq, 0.0f,
-                                  (float *)dout);
+    r[5] = (int32_t)kvs_attention(s, &q, 1, ATTN_LAYER, QH, (const float *)dq, 0.0f, (float *)dout);
     if (r[5] != KV_ERR_OK)
         fprintf(stderr, "[D] kvs_attention: %s\n", kvs_errmsg(s));
     CK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
     save("outD.bin", out, sizeof out);
+    /* the fast kernel stages q with cp.async: a misaligned q is refused with a reason */
+    r[6] = (int32_t)kvs_attention(s, &q, 1, ATTN_LAYER, QH, (const float *)dq + 1, 0.0f,
+                                  (float *)dout);
+    if (r[6] == KV_ERR_INVALID_ARGUMENT && strstr(kvs_errmsg(s), "16-byte aligned"))
+        r[6] = -2; /* the right error with its reason */
     save("shimD.bin", r, sizeof r);
     cudaFree(dk);
     cudaFree(dv);
@@ -445,8 +450,8 @@ static int wait_up(pid_t dpid)
 {
     for (int i = 0; i < 400; i++) {
         kvc_t *c = NULL;
-        int up = kvc_connect(&c, g_ep, 200) == KV_ERR_OK &&
-                 kvc_hello(c, NULL, "probe", 0) == KV_ERR_OK;
+        int up =
+            kvc_connect(&c, g_ep, 200) == KV_ERR_OK && kvc_hello(c, NULL, "probe", 0) == KV_ERR_OK;
         kvc_close(&c);
         int st;
         if (up)
@@ -551,7 +556,7 @@ int main(int argc, char **argv)
     if (dp == 0)
         _exit(child_d());
     int rdd = wait_child(dp);
-    int32_t rs[6] = {-1, 0, 0, 0, 0, -1};
+    int32_t rs[7] = {-1, 0, 0, 0, 0, -1, -1};
     load("shimD.bin", rs, sizeof rs);
     check(rdd == 0 && rs[0] == KV_ERR_OK && rs[1] == 1, "D opens the shim on device pools",
           "exit %d, open %s, on device %d", rdd, kv_err_name(rs[0]), rs[1]);
@@ -568,6 +573,9 @@ int main(int argc, char **argv)
     check(rs[4] == 0 && rs[5] == KV_ERR_OK && s5 == sizeof od && rel <= 1e-5,
           "D's shim attention equals A's", "append errors %d, attention %s, rel %.2e (≤ 1e-5)",
           rs[4], kv_err_name(rs[5]), rel);
+    check(rs[6] == -2, "D's shim refuses a misaligned q with its reason",
+          "got %s (want INVALID_ARGUMENT saying \"16-byte aligned\")",
+          rs[6] == -2 ? "it" : kv_err_name(rs[6]));
 
     /* C: a mapped client across a daemon restart (kvc_rehello on the cuda backend) */
     int cr[2], cg[2];
@@ -593,9 +601,8 @@ int main(int argc, char **argv)
     int rc_ = wait_child(cp);
     int32_t rr[5] = {0, 0, -1, 0, 0};
     load("restart.bin", rr, sizeof rr);
-    check(rc_ == 0 && rr[0] == KV_ERR_NO_SESSION && rr[1] == 1,
-          "C sees the restart", "exit %d, first call %s, restarted %d", rc_,
-          kv_err_name((kv_err_t)rr[0]), rr[1]);
+    check(rc_ == 0 && rr[0] == KV_ERR_NO_SESSION && rr[1] == 1, "C sees the restart",
+          "exit %d, first call %s, restarted %d", rc_, kv_err_name((kv_err_t)rr[0]), rr[1]);
     check(rr[2] == KV_ERR_OK && rr[3] == 1 && rr[4] == 1, "C rehello remaps the device pools",
           "rehello %s, new instance %d, on device %d", kv_err_name((kv_err_t)rr[2]), rr[3], rr[4]);
     float oc[QH * HD];
