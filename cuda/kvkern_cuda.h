@@ -1,6 +1,6 @@
 /* kvkern_cuda.h — launchers of the CUDA kernels of libkvkern (cuda/append.cu, convert.cu,
- * attn.cu). Each launcher has a CPU twin in kvkern.h with the same contract; byte layouts are
- * those of kv_format.h.
+ * dir.cu, attn.cu). Each launcher but kvk_cuda_dir_store has a CPU twin in kvkern.h with the
+ * same contract; byte layouts are those of kv_format.h.
  *
  * Conventions shared by every launcher:
  *   - Pointers are DEVICE pointers unless a comment says "host". kv_geom_t, kv_pools_t and
@@ -69,6 +69,15 @@ kvk_status_t kvk_cuda_page_retier(const kv_geom_t *g, const kv_pools_t *pools, u
 kvk_status_t kvk_cuda_page_promote(const kv_geom_t *g, const kv_pools_t *pools, uint32_t n,
                                    const uint32_t *src_phys, const uint32_t *dst_phys,
                                    cudaStream_t stream);
+
+/* ---- directory publishing (dir.cu) -------------------------------------------------------- */
+/* dir[lids[i]] = entries[i] for i < n, each with one 64-bit atomic store (a concurrent reader
+ * sees the old entry or the new one); ids ≥ dir_len are skipped. lids [n] and entries [n] are
+ * device arrays, entries and dir 8-byte aligned. No CPU twin: kvd's core writes its host copy
+ * with atomic stores; this is how its cuda backend pushes a batch of them to the device. */
+kvk_status_t kvk_cuda_dir_store(kv_dir_entry_t *dir, uint32_t dir_len, uint32_t n,
+                                const uint32_t *lids, const kv_dir_entry_t *entries,
+                                cudaStream_t stream);
 
 /* ---- paged decode attention (attn.c twin) -------------------------------------------------- */
 /* Partition layout, m/l/Ō semantics and the split rule are exactly kv_attn_partial's

@@ -47,6 +47,8 @@ typedef struct kvd_backend_s kvd_backend_t;
 /* Pages per conversion kernel launch on cuda (the device index buffer holds this many pairs);
  * a longer batch is launched in pieces. */
 #define KVD_CONVERT_BATCH_MAX 1024u
+/* directory entries one device-side publish launch writes (backend_cuda.c dir_sync) */
+#define KVD_DIR_BATCH_MAX 4096u
 
 typedef struct kvd_backend_ops_s {
     const char *name;

@@ -85,6 +85,7 @@ struct kvd_core_s {
     kv_dir_entry_t *dir;
     kvd_lpage_t *lp;
     uint32_t nlogical, lfree_head, nlfree;
+    uint32_t *sync_lids; /* [nlogical]: entries kvd_core_collect publishes with one dir_sync */
     kvd_pool_t pool[KV_FMT_COUNT];
     kvd_map_t index;
     kvd_map_t memo; /* SipHash of a hash's inputs → logical id (prefix.c "lookup memo") */

@@ -31,7 +31,8 @@ int kvd__pages_init(kvd_core_t *c, const uint32_t pages[KV_FMT_COUNT],
                     const uint32_t quota[KV_FMT_COUNT])
 {
     c->lp = kvd_calloc(c->nlogical, sizeof(kvd_lpage_t));
-    if (!c->lp)
+    c->sync_lids = kvd_calloc(c->nlogical, sizeof(uint32_t));
+    if (!c->lp || !c->sync_lids)
         return KV_ERR_NOMEM;
     /* Free list in ascending id order so the first allocations get ids 0, 1, 2, … */
     for (uint32_t i = 0; i < c->nlogical; i++) {
@@ -74,6 +75,8 @@ void kvd__pages_fini(kvd_core_t *c)
     }
     kvd_free(c->lp);
     c->lp = NULL;
+    kvd_free(c->sync_lids);
+    c->sync_lids = NULL;
 }
 
 /* Push entry lid to the backend's shared copy of the directory (cuda: device memory; host:
@@ -157,6 +160,8 @@ uint32_t kvd__logical_alloc(kvd_core_t *c)
     return l;
 }
 
+/* Return logical id l to the free list, its directory entry invalid (generation + 1) in the
+ * core's copy; the caller publishes it (kvd__dir_sync) before the id can be handed out again. */
 static void logical_free(kvd_core_t *c, uint32_t l)
 {
     kvd_lpage_t *p = &c->lp[l];
@@ -165,7 +170,6 @@ static void logical_free(kvd_core_t *c, uint32_t l)
     kv_dir_entry_t old = __atomic_load_n(&c->dir[l], __ATOMIC_RELAXED);
     __atomic_store_n(&c->dir[l], kv_dir_make(0, KV_FMT_FP8, 0, kv_dir_gen(old) + 1),
                      __ATOMIC_RELEASE);
-    dir_sync(c, l);
     memset(p, 0, sizeof(*p));
     p->state = KVD_PAGE_FREE;
     p->phys = KVD_NONE;
@@ -235,7 +239,7 @@ void kvd__refs_changed(kvd_core_t *c, uint32_t lid)
 uint32_t kvd_core_collect(kvd_core_t *c)
 {
     uint64_t safe = kvd__min_safe_epoch(c);
-    uint32_t freed = 0;
+    uint32_t freed = 0, nsync = 0;
     for (int f = 0; f < KV_FMT_COUNT; f++) {
         kvd_pool_t *pl = &c->pool[f];
         uint32_t *link = &pl->retire_head;
@@ -255,9 +259,15 @@ uint32_t kvd_core_collect(kvd_core_t *c)
             if (lid != KVD_NONE) {
                 KVD_ASSERT(c->lp[lid].state == KVD_PAGE_RETIRED && c->lp[lid].phys == p);
                 logical_free(c, lid);
+                KVD_ASSERT(nsync < c->nlogical);
+                c->sync_lids[nsync++] = lid;
             }
         }
     }
+    /* One push for every entry freed (cuda: one stream write each, one wait), before any of
+     * these ids or pages can be allocated again. Per entry, a release of a 32K-token prompt's
+     * 2048 pages waited on the device stream 2048 times inside the daemon's loop. */
+    kvd__dir_sync(c, c->sync_lids, nsync);
     c->st.collected_pages += freed;
     return freed;
 }

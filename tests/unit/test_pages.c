@@ -98,6 +98,54 @@ static void test_release_deferred_by_epoch(void **state)
     kvd_core_free(&c);
 }
 
+/* dir_sync calls seen by a wrapper around the host backend's ops (whose dir_sync is NULL:
+ * its directory IS the shared memory) */
+static uint32_t g_sync_calls, g_sync_entries;
+static int counting_dir_sync(kvd_backend_t *b, const uint32_t *lids, uint32_t n, char *err,
+                             size_t errlen)
+{
+    (void)b, (void)lids, (void)err, (void)errlen;
+    g_sync_calls++;
+    g_sync_entries += n;
+    return KV_ERR_OK;
+}
+
+/* A collect that frees many pages publishes their entries with one dir_sync (on cuda: one
+ * stream wait instead of one per page), and before their ids come back. */
+static void test_collect_publishes_once(void **state)
+{
+    (void)state;
+    kvd_core_t *c = fx_core();
+    kvd_backend_t *be = kvd_core_backend(c);
+    kvd_backend_ops_t ops = *be->ops;
+    const kvd_backend_ops_t *host_ops = be->ops;
+    ops.dir_sync = counting_dir_sync;
+    be->ops = &ops;
+    uint64_t a, b;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    FX_OK(kvd_core_session_open(c, 2, 0, &b));
+    uint32_t ids[FX_FP8];
+    g_sync_calls = g_sync_entries = 0;
+    FX_OK(kvd_core_alloc(c, a, FX_FP8, ids));
+    assert_int_equal(g_sync_calls, 1); /* the alloc: one push for all its entries */
+    assert_int_equal(g_sync_entries, FX_FP8);
+    FX_OK(kvd_core_release(c, a, ids, FX_FP8));
+    fx_quiesce(c, a);
+    g_sync_calls = g_sync_entries = 0;
+    fx_quiesce(c, b); /* every session past the stamp: this report collects all seven */
+    assert_int_equal(g_sync_calls, 1);
+    assert_int_equal(g_sync_entries, FX_FP8);
+    const kv_dir_entry_t *dir = be->dir;
+    for (uint32_t i = 0; i < FX_FP8; i++)
+        assert_int_equal(kv_dir_flags(dir[ids[i]]) & KV_DIR_VALID, 0);
+    g_sync_calls = 0;
+    assert_int_equal(kvd_core_collect(c), 0);
+    assert_int_equal(g_sync_calls, 0); /* nothing freed, nothing pushed */
+    FX_CHECK(c);
+    be->ops = host_ops;
+    kvd_core_free(&c);
+}
+
 /* With no other session, closing the last one frees what it retired. */
 static void test_close_last_session_frees(void **state)
 {
@@ -314,6 +362,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alloc_maps_directory),
         cmocka_unit_test(test_release_deferred_by_epoch),
+        cmocka_unit_test(test_collect_publishes_once),
         cmocka_unit_test(test_close_last_session_frees),
         cmocka_unit_test(test_convert_flips_directory),
         cmocka_unit_test(test_convert_batch),
