@@ -19,6 +19,12 @@
  *            SEQ tokens (the two full pages before the last token are a prefix hit), appends the
  *            rest with A's K/V (f16, device buffers, the append kernel through the shim),
  *            attends through kvs_attention
+ *   E, F     (session 9) a client killed with a kernel in flight: E allocates one FP8 page
+ *            and starts a kernel that keeps writing a pattern over it for 3 s; the parent
+ *            kills E (SIGKILL) 100 ms later; F then allocates until the daemon hands out E's
+ *            physical page again (after reclaiming E's session), zeroes it, waits past the
+ *            3 s and reads it back: it must still be zero — no write of the dead process lands
+ *            in a page the daemon gave to someone else
  *   checks   A's and B's outputs are bit-identical (same kernel, same pages, same inputs), and
  *            A's second run equals its first (B's lookup did not disturb the pages); C's output
  *            after the restart equals A's; D's table starts with A's pages and its output equals
@@ -367,6 +373,95 @@ static int child_b(void)
 /* D: libkvshim on device pools. Results in shimD.bin: [open error, on device, cached tokens,
  * table starts with A's pages, append errors, attention error, attention on a q 4 bytes off
  * 16-byte alignment (error; 1 more when the message says why)]; output in outD.bin. */
+int it_spin_fill(void *p, size_t bytes, uint32_t v, uint32_t ms); /* spin.cu */
+
+enum { SPIN_MS = 3000 };
+#define SPIN_WORD 0xE5E5E5E5u
+
+/* physical FP8 page behind a logical one, from this process's mapping */
+static uint32_t phys_of(kvc_t *c, uint32_t page)
+{
+    kv_pools_t pools;
+    kvc_pools(c, &pools);
+    uint8_t *p = kvc_page_ptr(c, page);
+    if (!p)
+        _exit(5);
+    return (uint32_t)((uint64_t)(p - pools.base[KV_FMT_FP8]) / kvc_page_bytes(c, KV_FMT_FP8));
+}
+
+/* E: one page, a kernel writing SPIN_WORD over it for SPIN_MS, then wait to be killed */
+static int child_e(int ready_fd)
+{
+    CK(cudaSetDevice(0));
+    kvc_t *c = client("it-cuda-E");
+    uint32_t page;
+    KCK(c, kvc_alloc(c, KV_FMT_FP8, 1, &page));
+    uint32_t phys = phys_of(c, page);
+    save("physE.bin", &phys, sizeof phys);
+    const uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    if (it_spin_fill(kvc_page_ptr(c, page), pb, SPIN_WORD, SPIN_MS))
+        _exit(7);
+    /* the control: read the page on another stream while the kernel runs, so that the check
+     * after the kill is known to look at a page that was being written */
+    struct timespec ts = {0, 50 * 1000000L};
+    nanosleep(&ts, NULL);
+    cudaStream_t s2;
+    CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    uint32_t *seen = malloc(pb);
+    CK(cudaMemcpyAsync(seen, kvc_page_ptr(c, page), pb, cudaMemcpyDeviceToHost, s2));
+    CK(cudaStreamSynchronize(s2));
+    int32_t spinning = 0;
+    for (uint64_t i = 0; i < pb / 4; i++)
+        spinning += seen[i] == SPIN_WORD;
+    save("spinE.bin", &spinning, sizeof spinning);
+    if (write(ready_fd, "r", 1) != 1)
+        _exit(8);
+    for (;;)
+        pause();
+}
+
+/* F: allocate until E's physical page comes back (the daemon reclaims E's session when its
+ * pidfd fires), zero it, wait past E's kernel's end, read it back. Results in reuseF.bin:
+ * [found, ms until found, nonzero words afterwards]. */
+static int child_f(void)
+{
+    CK(cudaSetDevice(0));
+    kvc_t *c = client("it-cuda-F");
+    uint32_t want = ~0u;
+    load("physE.bin", &want, sizeof want);
+    const uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    int32_t res[3] = {0, -1, -1};
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint32_t page = KVP_NO_PAGE;
+    for (int tries = 0; tries < 500 && !res[0]; tries++) {
+        kv_err_t e = kvc_alloc(c, KV_FMT_FP8, 1, &page);
+        if (e == KV_ERR_OK && phys_of(c, page) == want) {
+            res[0] = 1;
+        } else if (e != KV_ERR_OK) { /* pool exhausted until the reclaim: wait a little */
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    res[1] = (int32_t)((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
+    if (res[0]) {
+        uint8_t *p = kvc_page_ptr(c, page);
+        CK(cudaMemset(p, 0, pb));
+        CK(cudaDeviceSynchronize());
+        struct timespec ts = {SPIN_MS / 1000 + 1, 0}; /* past the dead kernel's 3 s */
+        nanosleep(&ts, NULL);
+        uint32_t *back = malloc(pb);
+        CK(cudaMemcpy(back, p, pb, cudaMemcpyDeviceToHost));
+        res[2] = 0;
+        for (uint64_t i = 0; i < pb / 4; i++)
+            res[2] += back[i] != 0;
+        free(back);
+    }
+    save("reuseF.bin", res, sizeof res);
+    return 0;
+}
+
 static int child_d(void)
 {
     CK(cudaSetDevice(0));
@@ -609,6 +704,36 @@ int main(int argc, char **argv)
     size_t s4 = load("outC.bin", oc, sizeof oc);
     check(s4 == sizeof oc && memcmp(oa, oc, sizeof oa) == 0, "C == A after the restart",
           "same inputs through the new daemon's pools");
+
+    /* E, F: a client killed with a kernel writing its page; the page handed out again */
+    int er[2];
+    if (pipe(er))
+        return 2;
+    pid_t ep = fork();
+    if (ep == 0) {
+        close(er[0]);
+        _exit(child_e(er[1]));
+    }
+    close(er[1]);
+    int e_ready = read(er[0], &x, 1) == 1;
+    struct timespec ts100 = {0, 100 * 1000000L};
+    nanosleep(&ts100, NULL); /* the kernel is running */
+    kill(ep, SIGKILL);
+    int re = wait_child(ep);
+    int32_t spinning = 0;
+    load("spinE.bin", &spinning, sizeof spinning);
+    check(e_ready && re == 128 + SIGKILL && spinning > 0, "E killed with its kernel running",
+          "status %d; %d words of its page held the pattern 50 ms into the kernel", re, spinning);
+    pid_t fp = fork();
+    if (fp == 0)
+        _exit(child_f());
+    int rf = wait_child(fp);
+    int32_t fr[3] = {0, -1, -1};
+    load("reuseF.bin", fr, sizeof fr);
+    check(rf == 0 && fr[0] == 1, "F gets E's physical page back", "exit %d, after %d ms", rf,
+          fr[1]);
+    check(fr[0] == 1 && fr[2] == 0, "no write of the dead E lands in F's page",
+          "%d nonzero words %d s after the kill", fr[2], SPIN_MS / 1000 + 1);
 
     kill(dpid, SIGTERM);
     rd = wait_child(dpid);

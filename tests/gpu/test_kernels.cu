@@ -27,6 +27,7 @@
  *            replayed twice into a poisoned output: each must equal partial + merge bit for
  *            bit; 1, 3 and 150 splits (the merge compacts the non-empty partitions of chunks
  *            of 512: 300 partitions, most of them empty).
+ * Once: dir store (kvk_cuda_dir_store, kvd's directory batches) against the expected entries.
  */
 #include "kvkern.h"
 #include "kvkern_cuda.h"
@@ -544,6 +545,52 @@ static void run_geometry(const Geo &G, bool small, bool attn)
     CK(cudaFree(dq));
 }
 
+/* kvk_cuda_dir_store: a directory of 3000 entries, 10000 stores in random order with ids
+ * beyond the directory (skipped) and repeated ids carrying the same entry (as kvd's batches
+ * may: the entry is read from the host copy once per id) — the device copy must equal the
+ * expected one entry for entry; bad arguments are refused before any launch. */
+static void run_dir_store()
+{
+    const uint32_t L = 3000, N = 10000;
+    std::vector<kv_dir_entry_t> want(L), ent(N);
+    std::vector<uint32_t> ids(N);
+    for (uint32_t i = 0; i < L; i++)
+        want[i] = kv_dir_make((uint32_t)i, KV_FMT_TQ3, KV_DIR_VALID, 1);
+    for (uint32_t i = 0; i < N; i++) {
+        ids[i] = (uint32_t)(rnd() % (L + 40)); /* about 1% beyond the directory */
+        if (ids[i] < L)
+            want[ids[i]] = kv_dir_make((uint32_t)(rnd() % 100000), KV_FMT_FP8,
+                                       KV_DIR_VALID | KV_DIR_SEALED, (uint32_t)ids[i] + 7);
+    }
+    for (uint32_t i = 0; i < N; i++)
+        ent[i] = ids[i] < L ? want[ids[i]] : ~0ull;
+    kv_dir_entry_t *dd = dalloc<kv_dir_entry_t>(L), *de = dalloc<kv_dir_entry_t>(N);
+    uint32_t *di = dalloc<uint32_t>(N);
+    std::vector<kv_dir_entry_t> init(L); /* entries no store names keep these */
+    for (uint32_t i = 0; i < L; i++)
+        init[i] = kv_dir_make((uint32_t)i, KV_FMT_TQ3, KV_DIR_VALID, 1);
+    h2d(dd, init.data(), L);
+    h2d(de, ent.data(), N);
+    h2d(di, ids.data(), N);
+    KCK(kvk_cuda_dir_store(dd, L, N, di, de, 0));
+    CK(cudaDeviceSynchronize());
+    std::vector<kv_dir_entry_t> got(L);
+    d2h(got.data(), dd, L);
+    size_t bad = 0;
+    for (uint32_t i = 0; i < L; i++)
+        bad += got[i] != want[i];
+    check(bad == 0, "dir store", "%zu of %u entries differ", bad, L);
+    const bool refused = kvk_cuda_dir_store(nullptr, L, 1, di, de, 0) == KVK_EINVAL &&
+                         kvk_cuda_dir_store(dd, L, 1, nullptr, de, 0) == KVK_EINVAL &&
+                         kvk_cuda_dir_store(dd, L, 1, di, (const kv_dir_entry_t *)((char *)de + 4),
+                                            0) == KVK_EINVAL &&
+                         kvk_cuda_dir_store(dd, L, 0, nullptr, nullptr, 0) == KVK_OK;
+    check(refused, "dir store rejects bad arguments", "");
+    CK(cudaFree(dd));
+    CK(cudaFree(de));
+    CK(cudaFree(di));
+}
+
 int main(int argc, char **argv)
 {
     bool small = false, attn = true;
@@ -575,6 +622,7 @@ int main(int argc, char **argv)
     else
         for (const Geo &G : full)
             run_geometry(G, false, attn);
+    run_dir_store();
     CK(cudaDeviceSynchronize());
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
