@@ -293,13 +293,7 @@ static int cuda_dir_sync(kvd_backend_t *b, const uint32_t *lids, uint32_t n, cha
                 return KV_ERR_DEVICE;
             }
         }
-        cudaError_t e = cudaStreamSynchronize(im->stream);
-        if (e != cudaSuccess) {
-            kvd_fmt(err, errlen, "backend cuda: dir_sync: cudaStreamSynchronize failed: %s",
-                    cudaGetErrorString(e));
-            return KV_ERR_DEVICE;
-        }
-        return KV_ERR_OK;
+        return cuda_sync(b, err, errlen); /* the one wait */
     }
     for (uint32_t i = 0; i < n; i++) {
         kv_dir_entry_t e = __atomic_load_n(&b->dir[lids[i]], __ATOMIC_ACQUIRE);
