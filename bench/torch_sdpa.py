@@ -4,8 +4,9 @@ shapes of tests/gpu/kvbench_attn.cu (one query token, GQA). Prints JSON on stdou
 
 bytes = K and V read once in BF16: 2 * B * kv_heads * L * d * 2. Each sample is a CUDA graph of
 8 calls on 8 different K/V buffers where memory allows (so that small cases are not served from
-L2); median of 9 samples."""
+L2); median of 9 samples, after SDPA_WARM_MS (default 20) of warm-up replays."""
 import json
+import os
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,15 @@ def bench(B, H, KVH, D, L):
             step(i)
     g.replay()
     torch.cuda.synchronize()
+    warm_ms = float(os.environ.get("SDPA_WARM_MS", "20"))  # as kvbench_attn's KVBENCH_WARM_MS
+    busy = 0.0
+    while busy < warm_ms:  # warm-up: replays for warm_ms of GPU time before the samples
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        busy += e0.elapsed_time(e1)
     ts = []
     for _ in range(9):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
