@@ -314,8 +314,8 @@ static int cuda_dir_sync(kvd_backend_t *b, const uint32_t *lids, uint32_t n, cha
 /* Page copies for the snapshot (backend.h). Synchronous driver copies: cuMemcpyDtoH/HtoD
  * return once the copy is done. Ordering with the daemon stream: a page read is sealed, and
  * any conversion that filled it was waited for (sync) before it was published; a page written
- * is a fresh free page no kernel targets. UNTESTED on a GPU so far (written in the session that
- * added snapshots, on a machine without one). */
+ * is a fresh free page no kernel targets. Checked on the H200: test_backend_cuda's "snapshot
+ * copy" round trip per format, and a daemon's save and restore (docs/backend-cuda.md). */
 static int cuda_page_copy(kvd_backend_t *b, kv_fmt_t f, uint32_t phys, void *hbuf, int to_host,
                           char *err, size_t errlen)
 {
