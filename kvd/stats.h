@@ -55,6 +55,11 @@
     XX(retier_ns, COUNTER, "ns spent in published FP8 -> TQ3 conversions, wait included "        \
                            "(divide by retiers for the mean)")                                     \
     XX(promote_ns, COUNTER, "ns spent in published TQ3 -> FP8 conversions, wait included")        \
+    XX(dir_syncs, COUNTER, "pushes of directory entries to the backend's shared copy (cuda: the "  \
+                           "device directory; 0 on host, where the directory is shared memory)")   \
+    XX(dir_sync_entries, COUNTER, "directory entries pushed by those")                             \
+    XX(dir_sync_ns, COUNTER, "ns the daemon spent in those pushes (real clock, device wait "      \
+                             "included)")                                                          \
     XX(retired_pages, COUNTER, "physical pages put on the retire list")                            \
     XX(collected_pages, COUNTER, "retired physical pages returned to a free list")                 \
     XX(logical_free, GAUGE, "free logical page ids")                                               \

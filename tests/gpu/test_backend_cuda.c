@@ -116,6 +116,12 @@ static void test_collect_many(void)
         ok = ok && dev_entry(b, ids[i]) == b->dir[ids[i]] &&
              !(kv_dir_flags(b->dir[ids[i]]) & KV_DIR_VALID);
     check(ok, "collect", "%d freed entries invalid on the device and in the mirror", N);
+    kvd_stats_t st;
+    kvd_core_stats(c, &st);
+    check(st.dir_syncs == 2 && st.dir_sync_entries == 2ull * N, "collect counters",
+          "dir_syncs %llu (want 2: the alloc, the collect), entries %llu, %.0f us in them",
+          (unsigned long long)st.dir_syncs, (unsigned long long)st.dir_sync_entries,
+          st.dir_sync_ns / 1e3);
     /* the same N entries pushed one call each (what a collect did before) */
     const double t1 = now_us();
     for (int i = 0; i < N && ok; i++)

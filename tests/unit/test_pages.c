@@ -135,6 +135,10 @@ static void test_collect_publishes_once(void **state)
     fx_quiesce(c, b); /* every session past the stamp: this report collects all seven */
     assert_int_equal(g_sync_calls, 1);
     assert_int_equal(g_sync_entries, FX_FP8);
+    /* the counters operators see (kvctl, Prometheus) say the same: the alloc's push, this one */
+    kvd_stats_t st = fx_stats(c);
+    assert_int_equal(st.dir_syncs, 2);
+    assert_int_equal(st.dir_sync_entries, 2 * FX_FP8);
     const kv_dir_entry_t *dir = be->dir;
     for (uint32_t i = 0; i < FX_FP8; i++)
         assert_int_equal(kv_dir_flags(dir[ids[i]]) & KV_DIR_VALID, 0);
