@@ -134,6 +134,18 @@ static void test_collect_many(void)
     printf("INFO %d pages: alloc %.0f us, collect (session close) %.0f us; the same entries "
            "pushed one dir_sync each: %.0f us, in one dir_sync: %.0f us\n",
            N, t_alloc, t_collect, t_each, t_one);
+    /* one dir_sync of n entries, mean of 20: below kDirKernelMin (6) stream writes, from it on
+     * the kvk_cuda_dir_store kernel (backend_cuda.c) — where the two paths cross */
+    static const uint32_t sizes[] = {1, 4, 7, 8, 16, 32, 64, 512};
+    printf("INFO one dir_sync of n entries, mean of 20 (us):");
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        const double t = now_us();
+        for (int r = 0; r < 20 && ok; r++)
+            ok = b->ops->dir_sync(b, ids, sizes[k], err, sizeof err) == KV_ERR_OK;
+        printf(" n=%u %.1f", sizes[k], (now_us() - t) / 20);
+    }
+    printf("\n");
+    check(ok, "dir_sync sizes", "%s", err);
     kvd_core_free(&c);
 }
 
