@@ -306,26 +306,21 @@ int main(void)
                     CK(cudaStreamEndCapture(st, &graph));
                     CK(cudaGraphInstantiate(&exec, graph, 0));
                     CK(cudaGraphLaunch(exec, st));
+                    auto replay_ms = [&]() { /* one replay of the graph, GPU time */
+                        CK(cudaEventRecord(e0, st));
+                        CK(cudaGraphLaunch(exec, st));
+                        CK(cudaEventRecord(e1, st));
+                        CK(cudaEventSynchronize(e1));
+                        float ms;
+                        CK(cudaEventElapsedTime(&ms, e0, e1));
+                        return ms;
+                    };
                     /* warm-up: replays for warm_ms of GPU time before the samples */
-                    for (float busy = 0.0f; busy < warm_ms;) {
-                        CK(cudaEventRecord(e0, st));
-                        CK(cudaGraphLaunch(exec, st));
-                        CK(cudaEventRecord(e1, st));
-                        CK(cudaEventSynchronize(e1));
-                        float ms;
-                        CK(cudaEventElapsedTime(&ms, e0, e1));
-                        busy += ms;
-                    }
+                    for (float busy = 0.0f; busy < warm_ms;)
+                        busy += replay_ms();
                     std::vector<float> ts;
-                    for (int i = 0; i < 9; i++) {
-                        CK(cudaEventRecord(e0, st));
-                        CK(cudaGraphLaunch(exec, st));
-                        CK(cudaEventRecord(e1, st));
-                        CK(cudaEventSynchronize(e1));
-                        float ms;
-                        CK(cudaEventElapsedTime(&ms, e0, e1));
-                        ts.push_back(ms / reps);
-                    }
+                    for (int i = 0; i < 9; i++)
+                        ts.push_back(replay_ms() / reps);
                     CK(cudaGraphExecDestroy(exec));
                     CK(cudaGraphDestroy(graph));
                     if (v != 2 && v != 3) {
