@@ -580,9 +580,10 @@ int kvd_backend_cuda_create(kvd_backend_t **out, const kv_geom_t *geom,
     im->dpools = b->pools;
     fprintf(stderr,
             "kvd: backend cuda: device %d, granularity %zu bytes, directory entries "
-            "published with %s\n",
+            "published with %s (batches of %d or more: kvk_cuda_dir_store)\n",
             (int)im->dev, im->gran,
-            im->write_value64 ? "cuStreamWriteValue64" : "cuMemcpyHtoD (no 64-bit stream ops)");
+            im->write_value64 ? "cuStreamWriteValue64" : "cuMemcpyHtoD (no 64-bit stream ops)",
+            (int)kDirKernelMin);
     if (im->legacy_ipc)
         fprintf(stderr, "kvd: WARNING: backend cuda in legacy cudaIpcMemHandle mode "
                         "(KVD_CUDA_LEGACY_IPC=1): a memory handle is a 64-byte bearer secret "
