@@ -9,7 +9,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include <sodium.h>
 
@@ -28,9 +27,7 @@ uint64_t kvd__now(const kvd_core_t *c)
 {
     if (c->now_ns)
         return c->now_ns(c->now_ud);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return kvd_mono_ns();
 }
 
 const char *kvd_core_errmsg(const kvd_core_t *c)
@@ -796,8 +793,7 @@ int kvd_core_convert_batch(kvd_core_t *c, uint32_t n, const uint32_t *logical,
         return kvd__fail(c, KV_ERR_NOMEM, "convert batch: no memory for %u items", n);
     }
     /* Latency on the real clock, not the injected one (which only ages pages). */
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const uint64_t t0 = kvd_mono_ns();
     int first = KV_ERR_OK, full[KV_FMT_COUNT] = {0};
     char first_msg[sizeof c->err] = "";
     uint32_t m = 0;
@@ -842,11 +838,7 @@ int kvd_core_convert_batch(kvd_core_t *c, uint32_t n, const uint32_t *logical,
                 kvd_fmt(first_msg, sizeof first_msg, "%s", c->err);
             }
         } else {
-            struct timespec t1;
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            uint64_t ns = (uint64_t)((int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 +
-                                     (t1.tv_nsec - t0.tv_nsec));
-            conv_commit(c, it, m, ids, ns);
+            conv_commit(c, it, m, ids, kvd_mono_ns() - t0);
         }
     }
     kvd_free(it);

@@ -26,7 +26,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "util.h"
 
@@ -376,16 +375,9 @@ void kvd_lc_act(kvd_lc_t *lc, kvd_core_t *c, const kvd_lc_plan_t *plan, kvd_lc_r
     lc->backlog = plan->backlog + not_run;
 }
 
-static uint64_t lc_real_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 int kvd_lc_tick(kvd_lc_t *lc, kvd_core_t *c, uint64_t now_ns, kvd_lc_result_t *res)
 {
-    uint64_t t0 = lc_real_ns();
+    uint64_t t0 = kvd_mono_ns();
     kvd_lc_plan_t plan;
     int rc = kvd_lc_plan(lc, c, now_ns, &plan);
     if (rc != KV_ERR_OK) {
@@ -397,7 +389,7 @@ int kvd_lc_tick(kvd_lc_t *lc, kvd_core_t *c, uint64_t now_ns, kvd_lc_result_t *r
     if (!res)
         res = &local;
     kvd_lc_act(lc, c, &plan, res);
-    uint64_t dt = lc_real_ns() - t0;
+    uint64_t dt = kvd_mono_ns() - t0;
     res->tick_ns = dt;
     lc->ticks++;
     lc->tick_ns += dt;

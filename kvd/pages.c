@@ -14,7 +14,6 @@
  * last client drop, which can be old), so collection scans the whole list: O(retired).
  */
 #include <string.h>
-#include <time.h>
 
 #include "core_int.h"
 
@@ -88,16 +87,13 @@ void kvd__dir_sync(kvd_core_t *c, const uint32_t *lids, uint32_t n)
     if (!c->be->ops->dir_sync || n == 0)
         return;
     char err[256] = "";
-    struct timespec t0, t1; /* real time, not c->now_ns: what the daemon's loop stood still */
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const uint64_t t0 = kvd_mono_ns(); /* real time: what the daemon's loop stood still */
     if (c->be->ops->dir_sync(c->be, lids, n, err, sizeof(err)) != KV_ERR_OK)
         KVD_PANIC("%u directory entries (first %u) could not be published to the device: %s", n,
                   lids[0], err);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
     c->st.dir_syncs++;
     c->st.dir_sync_entries += n;
-    c->st.dir_sync_ns += (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull +
-                         (uint64_t)t1.tv_nsec - (uint64_t)t0.tv_nsec;
+    c->st.dir_sync_ns += kvd_mono_ns() - t0;
 }
 
 static void dir_sync(kvd_core_t *c, uint32_t lid)

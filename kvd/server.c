@@ -28,7 +28,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -116,13 +115,6 @@ struct kvd_server_s {
     uint64_t snap_hold; /* KVD_TEST_SNAPSHOT_HOLD: jobs stop after this many slices (0: off) */
     int reply_at_stop;  /* kvd_server_stop answered a kvctl snapshot: flush it before close */
 };
-
-static uint64_t kvd_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* The core's figures plus the lifecycle controller's (stats.h lifecycle_*): what status,
  * metrics and kvctl show. */
@@ -520,10 +512,10 @@ static void kvd_sess_exit_cb(uv_poll_t *h, int status, int events)
     kvd_session_info_t si;
     memset(&si, 0, sizeof si);
     kvd_core_session_info(s->core, x->sid, &si);
-    uint64_t t0 = kvd_now_ns();
+    uint64_t t0 = kvd_mono_ns();
     int e = kvd_core_session_close(s->core, x->sid);
     KVD_LOGI("session %" PRIu64 " (pid %d) exited: reclaimed %" PRIu64 " refs in %.3f ms%s%s",
-             x->sid, (int)x->pid, si.loose_refs + si.seq_refs, (double)(kvd_now_ns() - t0) / 1e6,
+             x->sid, (int)x->pid, si.loose_refs + si.seq_refs, (double)(kvd_mono_ns() - t0) / 1e6,
              e ? ": " : "", e ? kvd_core_errmsg(s->core) : "");
     kvd_sess_unlink(s, x);
     uv_poll_stop(h);
@@ -653,7 +645,7 @@ static kv_err_t kvd_op_hello(kvd_req_ctx_t *c)
                  x->uid, x->gid, h->client_name ? h->client_name : "");
     }
     snprintf(x->name, sizeof x->name, "%s", h->client_name ? h->client_name : "");
-    x->last_ns = kvd_now_ns();
+    x->last_ns = kvd_mono_ns();
 
     KVD_BODY(c, Kvd__HelloRep, KVD__HELLO_REP__INIT, hello, HELLO);
     b_->session_id = x->sid;
@@ -867,7 +859,7 @@ static kv_err_t kvd_op_status(kvd_req_ctx_t *c)
     kvd_server_stats(s, &st);
     KVD_BODY(c, Kvd__StatusRep, KVD__STATUS_REP__INIT, status_rep, STATUS_REP);
     b_->version = ar_strdup(s, "kvd 0.1.0 protocol 1");
-    b_->uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000u;
+    b_->uptime_ms = (kvd_mono_ns() - s->start_ns) / 1000000u;
     b_->epoch = kvd_core_epoch(s->core);
     b_->sessions = s->nsessions;
     b_->draining = s->draining != 0;
@@ -921,7 +913,7 @@ static kv_err_t kvd_op_sessions(kvd_req_ctx_t *c)
     if (!ptr)
         return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
     size_t n = 0;
-    uint64_t now = kvd_now_ns();
+    uint64_t now = kvd_mono_ns();
     for (kvd_sess_t *x = s->sessions; x; x = x->next) {
         Kvd__SessionInfo *m = ar_alloc(s, sizeof *m);
         if (!m)
@@ -1279,7 +1271,7 @@ static void kvd_reply_finish(kvd_server_t *s, zmq_msg_t *env, int nenv, Kvd__Rep
     rep->instance = s->instance; /* lets a client see a restart on any call, admin ones too */
     if (kvd_send_reply(s, env, nenv, rep) != 0)
         KVD_LOGD("reply to request %" PRIu64 " not sent: %s", id, zmq_strerror(errno));
-    kvd_metrics_observe(&s->metrics, op, kvd_now_ns() - t0, e);
+    kvd_metrics_observe(&s->metrics, op, kvd_mono_ns() - t0, e);
 }
 
 static void kvd_handle_message(kvd_server_t *s)
@@ -1303,7 +1295,7 @@ static void kvd_handle_message(kvd_server_t *s)
     }
     if (nf < 1)
         return;
-    uint64_t t0 = kvd_now_ns();
+    uint64_t t0 = kvd_mono_ns();
     if (s->snap_job)
         s->snap_served++; /* answered while a snapshot is written: the loop was not blocked */
     kvd_req_ctx_t c;
@@ -1422,7 +1414,7 @@ static void kvd_epoch_cb(uv_timer_t *t)
 static void kvd_lease_cb(uv_timer_t *t)
 {
     kvd_server_t *s = t->data;
-    uint64_t now = kvd_now_ns();
+    uint64_t now = kvd_mono_ns();
     for (kvd_sess_t *x = s->sessions; x; x = x->next) {
         int exp = (now - x->last_ns) / 1000000u > s->cfg->lease_ms;
         if (exp && !x->lease_expired)
@@ -1440,7 +1432,7 @@ static void kvd_lifecycle_cb(uv_timer_t *t)
 {
     kvd_server_t *s = t->data;
     kvd_lc_result_t r;
-    if (kvd_lc_tick(s->lc, s->core, kvd_now_ns(), &r) != KV_ERR_OK)
+    if (kvd_lc_tick(s->lc, s->core, kvd_mono_ns(), &r) != KV_ERR_OK)
         return; /* cannot fail today (planning allocates nothing); next tick retries */
     if (r.tq3_full_new)
         KVD_LOGW("lifecycle: TQ3 pool full and nothing evictable: Stale pages stay FP8 until "
@@ -1534,7 +1526,7 @@ static int kvd_render_metrics(void *ud, char **out)
     kvd_server_stats(s, &st);
     kvd_metrics_extra_t x;
     memset(&x, 0, sizeof x);
-    uint64_t now = kvd_now_ns();
+    uint64_t now = kvd_mono_ns();
     for (kvd_sess_t *p = s->sessions; p; p = p->next) {
         x.sessions_connected++;
         if ((now - p->last_ns) / 1000000u > s->cfg->lease_ms)
@@ -1658,7 +1650,7 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
     s->loop = loop;
     s->cfg = cfg;
     s->fds_listen = -1;
-    s->start_ns = kvd_now_ns();
+    s->start_ns = kvd_mono_ns();
     randombytes_buf(&s->instance, sizeof s->instance);
     kvd_log_set_level(cfg->log_level);
     if (kvd_admit_init(&s->admit, cfg->admit_uids, cfg->admit_gids) != 0) {

@@ -434,17 +434,10 @@ static void snap_rollback(snap_load_t *L)
     L->n = 0;
 }
 
-static uint64_t snap_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 int kvd_snap_load_file(kvd_core_t *c, const char *path, const kvd_snap_ident_t *id,
                        kvd_snap_result_t *r, char *err, size_t errlen)
 {
-    uint64_t t0 = snap_now_ns();
+    uint64_t t0 = kvd_mono_ns();
     memset(r, 0, sizeof(*r));
     snprintf(r->path, sizeof(r->path), "%s", path);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -513,7 +506,7 @@ int kvd_snap_load_file(kvd_core_t *c, const char *path, const kvd_snap_ident_t *
         r->bytes = s.size;
     }
     kvd_free(L.lids);
-    r->ns = snap_now_ns() - t0;
+    r->ns = kvd_mono_ns() - t0;
     return rc;
 }
 
@@ -614,7 +607,7 @@ static int snap_fsync_dir(const char *dir, char *err, size_t errlen)
 int kvd_snap_load(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id, kvd_snap_log_fn log,
                   void *log_ud, kvd_snap_result_t *r, char *err, size_t errlen)
 {
-    uint64_t t0 = snap_now_ns();
+    uint64_t t0 = kvd_mono_ns();
     memset(r, 0, sizeof(*r));
     uint64_t *gens;
     size_t n;
@@ -640,7 +633,7 @@ int kvd_snap_load(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id, kv
     }
     kvd_free(gens);
     r->refused = refused;
-    r->ns = snap_now_ns() - t0;
+    r->ns = kvd_mono_ns() - t0;
     return KV_ERR_OK;
 }
 
@@ -736,7 +729,7 @@ int kvd_snap_writer_begin(kvd_snap_writer_t **out, kvd_core_t *c, const char *di
                           const kvd_snap_ident_t *id, char *err, size_t errlen)
 {
     *out = NULL;
-    uint64_t t0 = snap_now_ns();
+    uint64_t t0 = kvd_mono_ns();
     uint64_t *gens;
     size_t ngen;
     int rc = snap_list(dir, &gens, &ngen, 0, err, errlen);
@@ -892,7 +885,7 @@ static void snap_writer_settle(kvd_snap_writer_t *w)
             kvd_free(gens);
         }
     }
-    w->ns = snap_now_ns() - w->t0;
+    w->ns = kvd_mono_ns() - w->t0;
     w->settler = pthread_self();
     w->settled = 1;
 }

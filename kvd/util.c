@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kv_format.h"
 
@@ -231,4 +232,11 @@ int kvd_map_next(const kvd_map_t *m, uint64_t *pos, uint64_t *key, uint64_t *val
         }
     }
     return 0;
+}
+
+uint64_t kvd_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }

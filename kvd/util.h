@@ -57,6 +57,10 @@ int64_t kvd_alloc_live(void);
 /* Write a formatted message into buf[len] (truncating, always NUL-terminated when len > 0). */
 void kvd_fmt(char *buf, size_t len, const char *fmt, ...) KVD_PRINTF(3, 4);
 
+/* CLOCK_MONOTONIC in ns: real elapsed time (the core's injectable clock, kvd__now, is for
+ * ages and may be a test's) */
+uint64_t kvd_mono_ns(void);
+
 /* ---- u64 → u64 open-addressing map ------------------------------------------------------- */
 /* Linear probing with backward-shift deletion (no tombstones), capacity a power of two, load
  * ≤ 3/4. The key KVD_MAP_EMPTY is reserved. Iteration order is unspecified and changes when the
