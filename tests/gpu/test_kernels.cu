@@ -552,10 +552,11 @@ static void run_geometry(const Geo &G, bool small, bool attn)
 static void run_dir_store()
 {
     const uint32_t L = 3000, N = 10000;
-    std::vector<kv_dir_entry_t> want(L), ent(N);
+    std::vector<kv_dir_entry_t> init(L), ent(N);
     std::vector<uint32_t> ids(N);
-    for (uint32_t i = 0; i < L; i++)
-        want[i] = kv_dir_make((uint32_t)i, KV_FMT_TQ3, KV_DIR_VALID, 1);
+    for (uint32_t i = 0; i < L; i++) /* the device copy before; entries no store names keep it */
+        init[i] = kv_dir_make((uint32_t)i, KV_FMT_TQ3, KV_DIR_VALID, 1);
+    std::vector<kv_dir_entry_t> want = init;
     for (uint32_t i = 0; i < N; i++) {
         ids[i] = (uint32_t)(rnd() % (L + 40)); /* about 1% beyond the directory */
         if (ids[i] < L)
@@ -566,9 +567,6 @@ static void run_dir_store()
         ent[i] = ids[i] < L ? want[ids[i]] : ~0ull;
     kv_dir_entry_t *dd = dalloc<kv_dir_entry_t>(L), *de = dalloc<kv_dir_entry_t>(N);
     uint32_t *di = dalloc<uint32_t>(N);
-    std::vector<kv_dir_entry_t> init(L); /* entries no store names keep these */
-    for (uint32_t i = 0; i < L; i++)
-        init[i] = kv_dir_make((uint32_t)i, KV_FMT_TQ3, KV_DIR_VALID, 1);
     h2d(dd, init.data(), L);
     h2d(de, ent.data(), N);
     h2d(di, ids.data(), N);
