@@ -13,7 +13,9 @@
  * the 60 MB L2 on repeats). Ceiling: cudaMemcpy device-to-device of 2 GiB, read + write.
  * Per case: "ms" = kvk_cuda_attn_decode, "ms_two_pass" = kvk_cuda_attn_partial +
  * kvk_cuda_attn_merge called separately, "ms_partial" = the partial kernel alone, "ms_merge" =
- * the merge kernel alone (on the partitions the partial kernel left). Rows with
+ * the merge kernel alone (on the partitions the partial kernel left), "read_ms" = a plain read
+ * of the case's byte count (read_stream, the same graph method): what any one-kernel call that
+ * reads those bytes cannot beat at this size, beside the 2 GiB copy ceiling. Rows with
  * "sweep": decode at other split counts at 32K. Env: KVBENCH_LENS=32768,... only those lengths,
  * KVBENCH_SWEEP=0 no sweep, KVBENCH_MODES=tq3,mix only those modes. Built with
  * -DKVK_ATTN_TRACE (with attn.cu) it also prints a
@@ -80,6 +82,31 @@ __global__ void fill_pool(uint8_t *base, uint64_t bytes, kv_geom_t g, int fmt, u
             v = 0xb59ab59au; /* V zero −0.35 */
         *reinterpret_cast<uint32_t *>(base + i) = v;
     }
+}
+
+/* A plain read of n 16-byte words (XOR-folded; the store never happens for these inputs but
+ * keeps the loads): the size-matched ceiling of a decode call ("read_ms" of each case). Four
+ * independent loads per thread per step, a grid of 8 blocks of 256 per SM: every SM full. */
+__global__ void read_stream(const uint4 *__restrict__ p, uint64_t n, uint32_t *sink)
+{
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint32_t acc = 0;
+    uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            v[k] = __ldcs(p + i + k * stride);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+    }
+    for (; i < n; i += stride) {
+        const uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u && n == 1)
+        *sink = acc;
 }
 
 /* Separator before the next element of the "attention" list: none before the first (with
@@ -172,6 +199,25 @@ int main(void)
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
+    /* median GPU time of one replay of a graph: 9 samples after warm_ms of warm-up replays */
+    auto graph_ms = [&](cudaGraphExec_t exec) {
+        auto replay_ms = [&]() {
+            CK(cudaEventRecord(e0, st));
+            CK(cudaGraphLaunch(exec, st));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            return ms;
+        };
+        CK(cudaGraphLaunch(exec, st));
+        for (float busy = 0.0f; busy < warm_ms;)
+            busy += replay_ms();
+        std::vector<float> ts;
+        for (int i = 0; i < 9; i++)
+            ts.push_back(replay_ms());
+        return median(ts);
+    };
     printf("{\n  \"device\": \"%s\", \"sms\": %d, \"l2_bytes\": %d,\n", prop.name,
            prop.multiProcessorCount, prop.l2CacheSize);
 
@@ -305,22 +351,7 @@ int main(void)
                     }
                     CK(cudaStreamEndCapture(st, &graph));
                     CK(cudaGraphInstantiate(&exec, graph, 0));
-                    CK(cudaGraphLaunch(exec, st));
-                    auto replay_ms = [&]() { /* one replay of the graph, GPU time */
-                        CK(cudaEventRecord(e0, st));
-                        CK(cudaGraphLaunch(exec, st));
-                        CK(cudaEventRecord(e1, st));
-                        CK(cudaEventSynchronize(e1));
-                        float ms;
-                        CK(cudaEventElapsedTime(&ms, e0, e1));
-                        return ms;
-                    };
-                    /* warm-up: replays for warm_ms of GPU time before the samples */
-                    for (float busy = 0.0f; busy < warm_ms;)
-                        busy += replay_ms();
-                    std::vector<float> ts;
-                    for (int i = 0; i < 9; i++)
-                        ts.push_back(replay_ms() / reps);
+                    const float t = graph_ms(exec) / reps;
                     CK(cudaGraphExecDestroy(exec));
                     CK(cudaGraphDestroy(graph));
                     if (v != 2 && v != 3) {
@@ -329,7 +360,7 @@ int main(void)
                         for (float x : ho)
                             finite &= isfinite(x) ? 1 : 0;
                     }
-                    return median(ts);
+                    return t;
                 };
                 /* v0 decode, v1 partial + merge called separately, v2 the partial kernel alone,
                  * v3 the merge alone (on v2's partitions) */
@@ -337,13 +368,35 @@ int main(void)
                 for (int v = 0; v < 4; v++)
                     tv[v] = timed(v, splits, ws, wsb);
                 const float ms = tv[0];
+                /* the same bytes read by read_stream, timed the same way (graph of `reps`
+                 * reads, each of another region of the pool where it has room) */
+                float read_ms;
+                {
+                    const uint8_t *pool = mode == 0 ? p8 : pt;
+                    const uint64_t pool_bytes = (uint64_t)maxpages * (mode == 0 ? pb8 : pbt);
+                    const uint64_t n16 = bytes / 16, span = n16 * 16;
+                    const uint64_t regions = std::max<uint64_t>(1, pool_bytes / span);
+                    cudaGraph_t graph;
+                    cudaGraphExec_t exec;
+                    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                    for (int r = 0; r < reps; r++)
+                        read_stream<<<8 * prop.multiProcessorCount, 256, 0, st>>>(
+                            reinterpret_cast<const uint4 *>(pool + (r % regions) * span), n16,
+                            reinterpret_cast<uint32_t *>(out));
+                    CK(cudaStreamEndCapture(st, &graph));
+                    CK(cudaGraphInstantiate(&exec, graph, 0));
+                    read_ms = graph_ms(exec) / reps;
+                    CK(cudaGraphExecDestroy(exec));
+                    CK(cudaGraphDestroy(graph));
+                }
                 printf("%s    {\"B\": %u, \"q_heads\": %u, \"kv_heads\": %u, \"d\": %u, "
                        "\"tokens\": %u, \"mode\": \"%s\", \"splits\": %u, \"page_sets\": %u, "
                        "\"bytes\": %llu, \"ms\": %.5f, \"gbps\": %.1f, \"ms_two_pass\": %.5f, "
-                       "\"ms_partial\": %.5f, \"ms_merge\": %.5f, \"out_finite\": %d}",
+                       "\"ms_partial\": %.5f, \"ms_merge\": %.5f, \"read_ms\": %.5f, "
+                       "\"out_finite\": %d}",
                        sep(), S.B, S.H, S.KVH, S.D, L, modes[mode], splits, sets,
                        (unsigned long long)bytes, ms, bytes / (ms * 1e6), tv[1], tv[2], tv[3],
-                       finite);
+                       read_ms, finite);
 #ifdef KVK_ATTN_TRACE
                 {
                     CK(cudaStreamSynchronize(st));
