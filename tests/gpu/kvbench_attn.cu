@@ -14,8 +14,8 @@
  * Per case: "ms" = kvk_cuda_attn_decode, "ms_two_pass" = kvk_cuda_attn_partial +
  * kvk_cuda_attn_merge called separately, "ms_partial" = the partial kernel alone, "ms_merge" =
  * the merge kernel alone (on the partitions the partial kernel left), "read_ms" = a plain read
- * of the case's byte count (read_stream, the same graph method): what any one-kernel call that
- * reads those bytes cannot beat at this size, beside the 2 GiB copy ceiling. Rows with
+ * of the case's byte count (read_stream, the same graph method): how long reading those bytes
+ * and nothing else takes at this size, beside the 2 GiB copy ceiling. Rows with
  * "sweep": decode at other split counts at 32K. Env: KVBENCH_LENS=32768,... only those lengths,
  * KVBENCH_SWEEP=0 no sweep, KVBENCH_MODES=tq3,mix only those modes. Built with
  * -DKVK_ATTN_TRACE (with attn.cu) it also prints a
@@ -383,6 +383,7 @@ int main(void)
                         read_stream<<<8 * prop.multiProcessorCount, 256, 0, st>>>(
                             reinterpret_cast<const uint4 *>(pool + (r % regions) * span), n16,
                             reinterpret_cast<uint32_t *>(out));
+                    CK(cudaGetLastError());
                     CK(cudaStreamEndCapture(st, &graph));
                     CK(cudaGraphInstantiate(&exec, graph, 0));
                     read_ms = graph_ms(exec) / reps;
