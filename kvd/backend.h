@@ -4,7 +4,7 @@
  *   host  pools and directory in memfds mapped by the daemon and by every client (backend_host.c);
  *         conversions run the CPU twins of libkvkern (kv_page_retier / kv_page_promote).
  *   cuda  pools in device memory exported as CUDA VMM POSIX fds; conversions are kernels on a
- *         stream and sync waits for their event (a later backend_cuda.c; same ops).
+ *         stream and sync waits for their event (backend_cuda.c; same ops).
  *
  * Memory the backend creates, per namespace:
  *
@@ -13,7 +13,9 @@
  *   directory dir_entries × 8 bytes of kv_dir_entry_t (kv_format.h); the daemon is the only
  *             writer (single 64-bit atomic stores); clients map it READ-ONLY. On the host
  *             backend the memfd is sealed with F_SEAL_FUTURE_WRITE after the daemon's own
- *             writable mapping exists, so the kernel refuses a writable mapping to anyone else.
+ *             writable mapping exists, so that (Linux ≥ 5.1) the kernel refuses a writable
+ *             mapping to anyone else; exp.dir_sealed says whether it did. Every host memfd ends
+ *             with F_SEAL_SEAL, so that no client can add seals of its own.
  *
  * The backend knows nothing of refcounts, sessions or the prefix index: it stores bytes and
  * converts one physical page into another. The core (core.c) decides which pages.
@@ -40,6 +42,9 @@ typedef struct kvd_export_s {
     uint32_t dir_entries;               /* logical page ids 0 .. dir_entries-1 */
     uint64_t dir_bytes;                 /* mapping size of the directory */
     int dir_fd;                         /* owned by the backend; map PROT_READ only */
+    int dir_sealed; /* host: 1 when the kernel refuses clients a writable mapping of the
+                     * directory (F_SEAL_FUTURE_WRITE took; the server warns when not); cuda: 0,
+                     * the client asks the driver for a read-only mapping (kvc_cuda.c) */
 } kvd_export_t;
 
 typedef struct kvd_backend_s kvd_backend_t;
@@ -66,7 +71,8 @@ typedef struct kvd_backend_ops_s {
     void (*destroy)(kvd_backend_t *b);
     /* Optional (NULL on host, where `dir` IS the shared memory): make entries lids[0..n) of the
      * host array `dir` visible in the shared copy, each with one 64-bit write, before
-     * returning (cuda: n stream writes, one wait). The core calls it after its stores into
+     * returning (cuda: fewer than 6 entries as stream writes, more through one kernel,
+     * kvk_cuda_dir_store; then one wait). The core calls it after its stores into
      * dir[] (pages.c; a conversion batch publishes all its flips with one call). Both copies
      * start all zero. KV_ERR_OK, KV_ERR_INVALID_ARGUMENT (an id beyond the directory: nothing
      * written) or KV_ERR_DEVICE. */

@@ -408,7 +408,7 @@ static int cuda_region_legacy(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes,
         return KV_ERR_IO;
     }
     if (pwrite(m, &h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
-        fcntl(m, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) != 0) {
+        fcntl(m, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
         kvd_fmt(err, errlen, "writing the IPC handle memfd failed: %s", strerror(errno));
         close(m);
         return KV_ERR_IO;

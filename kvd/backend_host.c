@@ -8,8 +8,10 @@
  * access; a client that could map the directory writable could redirect other tenants' logical
  * ids. F_SEAL_FUTURE_WRITE (Linux ≥ 5.1) forbids new writable mappings while keeping the
  * daemon's own, which is exactly "the daemon is the only writer". On an older kernel that seal
- * fails and the directory stays unsealed (clients are still told to map it PROT_READ); the
- * grow/shrink seals are required.
+ * fails and the directory stays unsealed (exp.dir_sealed = 0, and the server warns; clients
+ * are still told to map it PROT_READ); the grow/shrink seals are required. Last, F_SEAL_SEAL on every memfd: without it
+ * any client could add seals of its own to the fd it received — F_SEAL_FUTURE_WRITE on a pool
+ * would make every later client's read-write mapping fail until the daemon restarts.
  *
  * Conversions run synchronously with the CPU twins (kv_page_retier / kv_page_promote), so
  * sync() has nothing to wait for.
@@ -30,10 +32,6 @@
 #define F_SEAL_FUTURE_WRITE 0x0010
 #endif
 
-typedef struct host_impl_s {
-    int sealed_dir; /* 1 when F_SEAL_FUTURE_WRITE took */
-} host_impl_t;
-
 static void host_destroy(kvd_backend_t *b)
 {
     for (int f = 0; f < KV_FMT_COUNT; f++) {
@@ -46,7 +44,6 @@ static void host_destroy(kvd_backend_t *b)
         munmap(b->dir, b->exp.dir_bytes);
     if (b->exp.dir_fd >= 0)
         close(b->exp.dir_fd);
-    kvd_free(b->impl);
     kvd_free(b);
 }
 
@@ -154,16 +151,12 @@ int kvd_backend_host_create(kvd_backend_t **out, const kv_geom_t *geom,
     int e = kvd_backend_check_args(out, geom, pages, dir_entries, err, errlen);
     if (e != KV_ERR_OK)
         return e;
-    kvd_backend_t *b = kvd_calloc(1, sizeof(*b));
-    host_impl_t *impl = kvd_calloc(1, sizeof(*impl));
-    if (!b || !impl) {
-        kvd_free(b);
-        kvd_free(impl);
+    kvd_backend_t *b = kvd_calloc(1, sizeof(*b)); /* no impl: the host keeps no more state */
+    if (!b) {
         kvd_fmt(err, errlen, "out of memory creating the host backend");
         return KV_ERR_NOMEM;
     }
     b->ops = &host_ops;
-    b->impl = impl;
     b->exp.backend = "host";
     b->exp.geom = *geom;
     b->exp.dir_fd = -1;
@@ -201,7 +194,16 @@ int kvd_backend_host_create(kvd_backend_t **out, const kv_geom_t *geom,
         return rc;
     }
     /* The daemon's writable mapping exists; from now on nobody else may get one. */
-    impl->sealed_dir = fcntl(b->exp.dir_fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0;
+    b->exp.dir_sealed = fcntl(b->exp.dir_fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0;
+    /* and nobody may add seals of their own (F_SEAL_SEAL, last) */
+    for (int f = 0; f <= KV_FMT_COUNT; f++) {
+        const int fd = f < KV_FMT_COUNT ? b->exp.pool_fd[f] : b->exp.dir_fd;
+        if (fd >= 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL) != 0) {
+            kvd_fmt(err, errlen, "fcntl(F_ADD_SEALS, F_SEAL_SEAL) failed: %s", strerror(errno));
+            host_destroy(b);
+            return KV_ERR_IO;
+        }
+    }
     *out = b;
     return KV_ERR_OK;
 }

@@ -1812,6 +1812,9 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
              cfg->namespace, cfg->endpoint, ex->backend, ex->pages[KV_FMT_FP8],
              ex->pages[KV_FMT_TQ3], ex->page_bytes[KV_FMT_FP8], ex->page_bytes[KV_FMT_TQ3],
              ex->dir_entries, metrics_at);
+    if (strcmp(ex->backend, "host") == 0 && !ex->dir_sealed)
+        KVD_LOGW("the page directory could not be sealed against writable mappings (Linux < "
+                 "5.1?): clients are trusted to map it read-only");
     *out = s;
     return 0;
 fail:

@@ -3,11 +3,13 @@
  * enumeration (kvd_core_seq_foreach, the lifecycle controller's walk); the stats
  * table; the fault-injection loop (fail the N-th allocation for N = 1.. until an operation
  * succeeds: each failure must leave the state unchanged and nothing leaked); kvd_core_check
- * noticing deliberately corrupted state; the host backend's export (sizes, seals).
+ * noticing deliberately corrupted state; the host backend's export (sizes, seals: no resize,
+ * no writable directory mapping, no seals added by a client).
  */
 #include "core_fixture.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -320,8 +322,19 @@ static void test_backend_export(void **state)
         assert_true(ex->pool_fd[f] >= 0);
         /* a client cannot resize a pool under the daemon */
         assert_int_equal(ftruncate(ex->pool_fd[f], 4096), -1);
+        /* nor add seals of its own: F_SEAL_FUTURE_WRITE on a pool would refuse every later
+         * client its read-write mapping (F_SEAL_SEAL) */
+        assert_true(fcntl(ex->pool_fd[f], F_GET_SEALS) & F_SEAL_SEAL);
+        assert_int_equal(fcntl(ex->pool_fd[f], F_ADD_SEALS, F_SEAL_FUTURE_WRITE), -1);
+        assert_int_equal(errno, EPERM);
+        void *rw = mmap(NULL, ex->pool_bytes[f], PROT_READ | PROT_WRITE, MAP_SHARED,
+                        ex->pool_fd[f], 0);
+        assert_true(rw != MAP_FAILED);
+        munmap(rw, ex->pool_bytes[f]);
     }
     assert_int_equal(ex->dir_entries, FX_FP8 + FX_TQ3);
+    assert_true(fcntl(ex->dir_fd, F_GET_SEALS) & F_SEAL_SEAL);
+    assert_int_equal(ex->dir_sealed, 1); /* Linux ≥ 5.1 here */
     /* the directory: read-only mapping works and sees the daemon's writes; writable refused */
     void *w = mmap(NULL, ex->dir_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ex->dir_fd, 0);
     assert_true(w == MAP_FAILED && errno == EPERM);
