@@ -16,6 +16,7 @@
  */
 #include "kvc_cuda.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,8 +56,18 @@
 typedef struct kvc_cu_drv_s {
     KVC_CU_FNS(KV_CUDRV_MEMBER)
 } kvc_cu_drv_t;
+/* Filled once per process (kvc_cu_load, through pthread_once): worker threads may open their
+ * sessions at the same time, and none may see the table half written. */
 static kvc_cu_drv_t g_cu;
-static int g_cu_loaded;
+static int g_cu_loaded;               /* the table is complete; written once, inside the once */
+static cudaError_t g_cu_load_err;     /* why it is not */
+static const char *g_cu_load_bad = "";
+static pthread_once_t g_cu_once = PTHREAD_ONCE_INIT;
+static void kvc_cu_load(void)
+{
+    g_cu_load_err = KV_CUDRV_LOAD_ALL(&g_cu, KVC_CU_FNS, &g_cu_load_bad);
+    g_cu_loaded = g_cu_load_err == cudaSuccess;
+}
 
 typedef struct kvc_cuda_region_s {
     CUdeviceptr ptr;
@@ -92,17 +103,13 @@ static const char *cu_str(CUresult r)
 kv_err_t kvc__cuda_open(kvc_cuda_t **out, int legacy, char *err, size_t errlen)
 {
     *out = NULL;
+    pthread_once(&g_cu_once, kvc_cu_load);
     if (!g_cu_loaded) {
-        const char *bad = "";
-        cudaError_t le = KV_CUDRV_LOAD_ALL(&g_cu, KVC_CU_FNS, &bad);
-        if (le != cudaSuccess) {
-            snprintf(err, errlen,
-                     "kvc cuda: the daemon serves backend cuda but this process has "
-                     "no CUDA device: %s (resolving %s)",
-                     cudaGetErrorString(le), bad);
-            return KV_ERR_DEVICE;
-        }
-        g_cu_loaded = 1;
+        snprintf(err, errlen,
+                 "kvc cuda: the daemon serves backend cuda but this process has "
+                 "no CUDA device: %s (resolving %s)",
+                 cudaGetErrorString(g_cu_load_err), g_cu_load_bad);
+        return KV_ERR_DEVICE;
     }
     CUresult r = g_cu.cuInit(0);
     int n = 0;

@@ -573,6 +573,16 @@ int kvd_backend_cuda_create(kvd_backend_t **out, const kv_geom_t *geom,
                             : cuda_region_vmm(im, r, want, &b->exp.dir_fd, err, errlen);
         b->exp.dir_bytes = r->bytes;
     }
+    if (rc == KV_ERR_OK) {
+        /* The regions' zero fills (cuMemsetD8) run on the legacy stream, which the daemon's
+         * non-blocking stream does not wait for: finish them before any directory publish or
+         * conversion can be queued behind them. */
+        const CUresult cr = g_cu.cuStreamSynchronize(NULL);
+        if (cr != CUDA_SUCCESS) {
+            kvd_fmt(err, errlen, "backend cuda: zeroing the pools failed: %s", cu_str(cr));
+            rc = KV_ERR_DEVICE;
+        }
+    }
     if (rc != KV_ERR_OK) {
         cuda_destroy(b);
         return rc;
