@@ -11,9 +11,10 @@
  * explained PERMISSION_DENIED.
  *
  * Fd handover: after hello, connect to the Unix socket named in HelloRep.fd_socket; the daemon
- * checks our SO_PEERCRED pid against the session it just created and sends one message:
- * 16 bytes ("KVDFDS01" + session id, little endian) with SCM_RIGHTS carrying the fds in
- * PoolDesc.fd_index order. We map and close them at once.
+ * checks that our SO_PEERCRED pid owns a live session and sends one message: 16 bytes
+ * ("KVDFDS01" + that session's id, little endian) with SCM_RIGHTS carrying the fds in
+ * PoolDesc.fd_index order. We map and close them at once. The id may be another session of
+ * this process (kvc_fds): the fds are the same for all of them.
  *
  * Daemon restarts (docs/protocol.md "Daemon restarts"): every reply carries the daemon's
  * random instance id. A reply whose instance differs from the one hello saw (or, from a daemon
@@ -463,15 +464,18 @@ static kv_err_t kvc_recv_fds(kvc_t *c, const char *path, int *fds, int *nfds)
         return kvc_fail(c, KV_ERR_PERMISSION_DENIED,
                         "the daemon sent no fds on %s (peer pid not matched to a session?)", path);
     }
+    /* The header names A session of this process, not necessarily ours: the daemon matches
+     * the peer by pid, and a process may hold several sessions (one kvc_t per thread, or an
+     * older kvc_t said hello again). The fds are the namespace's pools and directory, the
+     * same for every session, so any of ours will do; only a zero id is malformed. */
     uint64_t sid = 0;
     for (int i = 0; i < 8; i++)
         sid |= (uint64_t)hdr[8 + i] << (8 * i);
-    if (sid != c->session) {
+    if (sid == 0) {
         for (int i = 0; i < *nfds; i++)
             close(fds[i]);
         *nfds = 0;
-        return kvc_fail(c, KV_ERR_INTERNAL, "fd handover for session %llu, expected %llu",
-                        (unsigned long long)sid, (unsigned long long)c->session);
+        return kvc_fail(c, KV_ERR_MALFORMED, "fd handover names session 0");
     }
     return KV_ERR_OK;
 }

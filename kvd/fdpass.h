@@ -5,7 +5,8 @@
  * and its pid to own a live session, then sends ONE message: 16 bytes ("KVDFDS01" + session id
  * as little-endian u64) with the fds attached, in PoolDesc.fd_index order, and closes. Anything
  * else gets the connection closed with nothing sent. Reading nothing means a slow or hostile
- * peer can never stall the loop.
+ * peer can never stall the loop; it also means the session named is the first of the peer's
+ * pid that the server finds, which libkvc accepts (the fds are the same for every session).
  */
 #ifndef KVD_FDPASS_H
 #define KVD_FDPASS_H
