@@ -548,6 +548,7 @@ int kvd_core_pin(kvd_core_t *c, uint32_t logical)
         return rc;
     c->lp[logical].pins++;
     c->st.pins++;
+    c->st.pin_changes++;
     kvd__refs_changed(c, logical);
     return KV_ERR_OK;
 }
@@ -562,6 +563,7 @@ int kvd_core_unpin(kvd_core_t *c, uint32_t logical)
                          logical);
     c->lp[logical].pins--;
     c->st.pins--;
+    c->st.pin_changes++;
     kvd__refs_changed(c, logical);
     return KV_ERR_OK;
 }

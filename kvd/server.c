@@ -139,15 +139,16 @@ static void kvd_server_stats(kvd_server_t *s, kvd_stats_t *st)
 }
 
 /* ---- persistence (snapshot.h) ------------------------------------------------------------ */
-/* A number that changes whenever the set of cache entries or their formats may have changed:
- * the periodic snapshot skips a cache that did not move. Over-approximate (a retier of an
- * uncached page counts too); never under. */
+/* A number that changes whenever the set of cache entries, their formats or their pins may
+ * have changed: the periodic snapshot skips a cache that did not move. A sum of counters only
+ * (a gauge such as pins comes back to its value when a pin moves). Over-approximate (a retier
+ * of an uncached page counts too); never under. */
 static uint64_t kvd_cache_mark(kvd_server_t *s)
 {
     kvd_stats_t st;
     kvd_core_stats(s->core, &st);
     return st.seals + st.evictions_pressure + st.evictions_quota + st.evictions_admin +
-           st.retiers + st.promotes + st.cache_restored + (st.pins << 32);
+           st.retiers + st.promotes + st.cache_restored + st.pin_changes;
 }
 
 static double kvd_mbps(uint64_t bytes, uint64_t ns)

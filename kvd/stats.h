@@ -49,6 +49,7 @@
     XX(evictions_quota, COUNTER, "cache entries evicted to stay under the cache quota")            \
     XX(evictions_admin, COUNTER, "cache entries evicted by the operator")                          \
     XX(pins, GAUGE, "pin references held")                                                         \
+    XX(pin_changes, COUNTER, "pins and unpins (a moved pin changes the cache to be saved)")        \
     XX(retiers, COUNTER, "FP8 -> TQ3 conversions published")                                       \
     XX(promotes, COUNTER, "TQ3 -> FP8 conversions published")                                     \
     XX(conversion_failures, COUNTER, "conversions that failed (source kept)")                      \
