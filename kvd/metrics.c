@@ -132,27 +132,55 @@ int kvd_metrics_render(const kvd_metrics_t *m, const kvd_stats_t *st,
 }
 
 /* ---- HTTP -------------------------------------------------------------------------------- */
-typedef struct kvd_http_conn_s {
+struct kvd_http_conn_s {
     uv_tcp_t tcp;
+    uv_timer_t idle; /* closes a connection that sends no complete request in time */
     kvd_http_t *srv;
+    kvd_http_conn_t *prev, *next;
     char req[2048];
     size_t len;
     uv_write_t wr;
     char *resp;
     int responded;
-} kvd_http_conn_t;
+    int closing;
+    int handles; /* of tcp and idle, still open: the connection is freed at 0 */
+};
 
-static void kvd_http_conn_closed(uv_handle_t *h)
+static void kvd_http_handle_closed(uv_handle_t *h)
 {
     kvd_http_conn_t *c = h->data;
-    free(c->resp);
-    free(c);
+    if (--c->handles == 0) {
+        free(c->resp);
+        free(c);
+    }
+}
+
+/* Unlink and close both handles; idempotent (a write cancelled by the close calls back). */
+static void kvd_http_conn_close(kvd_http_conn_t *c)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        c->srv->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->srv->nconns--;
+    uv_timer_stop(&c->idle);
+    uv_close((uv_handle_t *)&c->idle, kvd_http_handle_closed);
+    uv_close((uv_handle_t *)&c->tcp, kvd_http_handle_closed);
+}
+
+static void kvd_http_idle(uv_timer_t *t)
+{
+    kvd_http_conn_close(t->data);
 }
 
 static void kvd_http_written(uv_write_t *w, int status)
 {
-    kvd_http_conn_t *c = w->data;
-    uv_close((uv_handle_t *)&c->tcp, kvd_http_conn_closed);
+    kvd_http_conn_close(w->data);
 }
 
 static void kvd_http_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
@@ -165,10 +193,10 @@ static void kvd_http_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
 static void kvd_http_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     kvd_http_conn_t *c = s->data;
-    if (c->responded)
+    if (c->responded || c->closing)
         return;
     if (n < 0) {
-        uv_close((uv_handle_t *)&c->tcp, kvd_http_conn_closed);
+        kvd_http_conn_close(c);
         return;
     }
     c->len += (size_t)n;
@@ -191,7 +219,7 @@ static void kvd_http_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     c->resp = malloc(cap);
     if (!c->resp) {
         free(body);
-        uv_close((uv_handle_t *)&c->tcp, kvd_http_conn_closed);
+        kvd_http_conn_close(c);
         return;
     }
     int hl = snprintf(c->resp, cap,
@@ -204,7 +232,7 @@ static void kvd_http_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     uv_buf_t ub = uv_buf_init(c->resp, (unsigned)((size_t)hl + bl));
     c->wr.data = c;
     if (uv_write(&c->wr, s, &ub, 1, kvd_http_written) != 0)
-        uv_close((uv_handle_t *)&c->tcp, kvd_http_conn_closed);
+        kvd_http_conn_close(c);
 }
 
 static void kvd_http_accept(uv_stream_t *srv, int status)
@@ -217,10 +245,18 @@ static void kvd_http_accept(uv_stream_t *srv, int status)
         return;
     c->srv = h;
     uv_tcp_init(srv->loop, &c->tcp);
-    c->tcp.data = c;
-    if (uv_accept(srv, (uv_stream_t *)&c->tcp) != 0 ||
-        uv_read_start((uv_stream_t *)&c->tcp, kvd_http_alloc, kvd_http_read) != 0)
-        uv_close((uv_handle_t *)&c->tcp, kvd_http_conn_closed);
+    uv_timer_init(srv->loop, &c->idle);
+    c->tcp.data = c->idle.data = c;
+    c->handles = 2;
+    c->next = h->conns; /* linked first, so that every path out closes through the list */
+    if (h->conns)
+        h->conns->prev = c;
+    h->conns = c;
+    h->nconns++;
+    if (uv_accept(srv, (uv_stream_t *)&c->tcp) != 0 || h->nconns > KVD_HTTP_MAX_CONNS ||
+        uv_read_start((uv_stream_t *)&c->tcp, kvd_http_alloc, kvd_http_read) != 0 ||
+        uv_timer_start(&c->idle, kvd_http_idle, KVD_HTTP_IDLE_MS, 0) != 0)
+        kvd_http_conn_close(c);
 }
 
 int kvd_http_start(kvd_http_t *h, uv_loop_t *loop, const char *addr, int port,
@@ -254,4 +290,6 @@ void kvd_http_stop(kvd_http_t *h)
     if (h->active && !uv_is_closing((uv_handle_t *)&h->tcp))
         uv_close((uv_handle_t *)&h->tcp, NULL);
     h->active = 0;
+    while (h->conns) /* an idle scraper's connection would keep the loop alive */
+        kvd_http_conn_close(h->conns);
 }

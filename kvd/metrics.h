@@ -42,11 +42,19 @@ int kvd_metrics_render(const kvd_metrics_t *m, const kvd_stats_t *st,
                        const kvd_metrics_extra_t *x, char **out);
 
 /* HTTP listener. render(ud, &text) must return a malloc'd string. */
+/* Connections are tracked so that kvd_http_stop can close them (an idle scraper must not keep
+ * the loop, and so the daemon's shutdown, alive); each also closes after KVD_HTTP_IDLE_MS
+ * without a complete request, and at most KVD_HTTP_MAX_CONNS are open at once. */
+#define KVD_HTTP_IDLE_MS 10000
+#define KVD_HTTP_MAX_CONNS 64
+typedef struct kvd_http_conn_s kvd_http_conn_t;
 typedef struct kvd_http_s {
     uv_tcp_t tcp;
     int active;
     int (*render)(void *ud, char **out);
     void *ud;
+    kvd_http_conn_t *conns; /* open connections, a doubly linked list */
+    unsigned nconns;
 } kvd_http_t;
 int kvd_http_start(kvd_http_t *h, uv_loop_t *loop, const char *addr, int port,
                    int (*render)(void *ud, char **out), void *ud, char *err, size_t errlen);

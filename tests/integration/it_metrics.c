@@ -1,5 +1,6 @@
 /* it_metrics.c — the Prometheus endpoint serves the core's stats table, per-format pool
- * figures, RPC latency histograms per operation and errors by code, on loopback. */
+ * figures, RPC latency histograms per operation and errors by code, on loopback; an idle
+ * connection does not hold the daemon's shutdown. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <setjmp.h>
@@ -39,7 +40,17 @@ static void test_metrics_families(void **state)
     assert_non_null(strstr(out, "kvd_rpc_latency_seconds_bucket{op=\"hello\",le=\"+Inf\"} 1\n"));
     assert_non_null(strstr(out, "kvd_bytes_per_live_token "));
     kvc_close(&c);
+    /* an idle scraper connection (connected, nothing sent) must not hold the shutdown: before
+     * session 10 the daemon kept running until the peer closed, and itest_kvd_stop's SIGKILL
+     * after 30 s made the exit status 137 */
+    int idle = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(idle >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(idle, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_true(itest_scrape(p, out, sizeof out) > 1000); /* accepted: the loop saw it */
     assert_int_equal(itest_kvd_stop(&k), 0);
+    close(idle);
 }
 
 int main(void)
