@@ -361,6 +361,12 @@ int kvd_core_seal(kvd_core_t *c, uint64_t sid, uint32_t logical, uint32_t prev,
     uint32_t q = kvd__index_find(c, h, &collision);
     if (q != KVD_NONE) {
         /* Dedupe: the content is already cached as q. */
+        if ((uint64_t)kvd__lp_client_refs(&c->lp[q]) + kvd__count(&s->held, logical) >
+            KVD_PAGE_REFS_MAX)
+            return kvd__fail(c, KV_ERR_RESOURCE_EXHAUSTED,
+                             "seal: the cached page %u already holds %u request references "
+                             "(release some)",
+                             q, kvd__lp_client_refs(&c->lp[q]));
         if (session_reserve(c, s, 1) != KV_ERR_OK)
             return KV_ERR_NOMEM;
         move_refs(c, s, logical, q);
@@ -431,6 +437,12 @@ int kvd_core_lookup(kvd_core_t *c, uint64_t sid, const uint32_t *tokens, uint32_
         logical_out[hits++] = lid;
         prev = c->lp[lid].hash;
     }
+    for (uint32_t i = 0; i < hits; i++)
+        if (kvd__lp_client_refs(&c->lp[logical_out[i]]) >= KVD_PAGE_REFS_MAX)
+            return kvd__fail(c, KV_ERR_RESOURCE_EXHAUSTED,
+                             "lookup: page %u already holds %u request references (release "
+                             "some)",
+                             logical_out[i], kvd__lp_client_refs(&c->lp[logical_out[i]]));
     if (hits && session_reserve(c, s, hits) != KV_ERR_OK)
         return KV_ERR_NOMEM;
     uint64_t now = kvd__now(c);

@@ -112,6 +112,10 @@ uint64_t kvd__now(const kvd_core_t *c);
 int kvd__pages_init(kvd_core_t *c, const uint32_t pages[KV_FMT_COUNT],
                     const uint32_t quota[KV_FMT_COUNT]);
 void kvd__pages_fini(kvd_core_t *c);
+/* Request references (all sessions, loose and in sequences) one page may hold: a lookup or a
+ * deduplicating seal that would pass it is refused with RESOURCE_EXHAUSTED, so the 32-bit
+ * counts never wrap (a wrapped count would free a referenced page). */
+#define KVD_PAGE_REFS_MAX 0x7fffffffu
 uint32_t kvd__lp_client_refs(const kvd_lpage_t *p);
 uint32_t kvd__lp_total(const kvd_lpage_t *p);
 /* Pop a free physical page of f (state FILLING, lid set) or KVD_NONE. */

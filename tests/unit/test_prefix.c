@@ -248,6 +248,42 @@ static void test_seal_dedupe(void **state)
     kvd_core_free(&c);
 }
 
+/* A page's request references stop at KVD_PAGE_REFS_MAX: a lookup or a deduplicating seal
+ * that would pass it is refused and takes nothing (before session 10, ~2^32 lookups of one
+ * cached page wrapped its 32-bit count to 0: the page went back to the LRU, was evicted while
+ * referenced, and the next release hit the daemon's "below zero" panic). The count is set
+ * near the cap directly rather than by 2^31 lookups. */
+static void test_refs_cap(void **state)
+{
+    kvd_core_t *c = fx_core();
+    uint64_t a, b;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    FX_OK(kvd_core_session_open(c, 2, 0, &b));
+    uint32_t p1, tok[FX_PT], got, n = 0, hit = 0;
+    seal_prompt(c, a, 7, 1, &p1);
+    fx_tokens(7, 1, tok);
+    const uint32_t had = c->lp[p1].req_loose;
+    c->lp[p1].req_loose = KVD_PAGE_REFS_MAX; /* as if 2^31 lookups held it */
+    assert_int_equal(kvd_core_lookup(c, b, tok, FX_PT, NULL, 0, &got, 1, &n, &hit),
+                     KV_ERR_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(kvd_core_errmsg(c), "request references"));
+    assert_int_equal(c->lp[p1].req_loose, KVD_PAGE_REFS_MAX); /* nothing taken */
+    /* b computes the same page and seals it: the dedupe onto p1 is refused too */
+    uint32_t p2, canon;
+    uint8_t h[32];
+    FX_OK(kvd_core_alloc(c, b, 1, &p2));
+    assert_int_equal(kvd_core_seal(c, b, p2, KVD_NONE, tok, FX_PT, NULL, 0, h, &canon),
+                     KV_ERR_RESOURCE_EXHAUSTED);
+    c->lp[p1].req_loose = had;
+    FX_CHECK(c);
+    FX_OK(kvd_core_lookup(c, b, tok, FX_PT, NULL, 0, &got, 1, &n, &hit));
+    assert_int_equal(got, p1);
+    FX_OK(kvd_core_seal(c, b, p2, KVD_NONE, tok, FX_PT, NULL, 0, h, &canon));
+    assert_int_equal(canon, p1);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
 /* Seal `n` single-page prompts in session s and release them one by one: LRU order = order. */
 static void cache_pages(kvd_core_t *c, uint64_t s, uint32_t n, uint32_t seed0, uint32_t *ids)
 {
@@ -407,6 +443,7 @@ int main(void)
         cmocka_unit_test(test_longest_prefix),
         cmocka_unit_test(test_lookup_memo),
         cmocka_unit_test(test_seal_dedupe),
+        cmocka_unit_test(test_refs_cap),
         cmocka_unit_test(test_eviction_order),
         cmocka_unit_test(test_quota_pin_admin),
         cmocka_unit_test(test_cached_page_changes_format),
