@@ -55,7 +55,9 @@ typedef struct kvd_sess_s {
     uv_poll_t poll;
     uint8_t rid[KVD_ROUTING_MAX];
     size_t rid_len;
-    int connected; /* routing id still ours (cleared when a newer hello takes it) */
+    int connected; /* set by hello; libzmq does not tell a ROUTER that a peer's socket closed,
+                    * so a session stays "connected" until its process exits (sessions end
+                    * only then: DESIGN.md "Ownership") */
     char name[KVP_MAX_STRING + 1];
     uint64_t last_ns;
     int lease_expired;
@@ -470,12 +472,17 @@ static void ar_reset(kvd_server_t *s)
 }
 
 /* ---- sessions ---------------------------------------------------------------------------- */
-static kvd_sess_t *kvd_sess_by_rid(kvd_server_t *s, const uint8_t *rid, size_t len)
+/* The session of a message: its routing id AND, where the kernel reported the sender (every
+ * ipc peer, through ZAP), the pid that opened the session. The routing id alone is the
+ * client's choice (ZMQ_ROUTING_ID): another admitted process that connected with the id of one
+ * that had closed its socket would otherwise act on that process's session (release its
+ * pages, seal, append). pid < 0: no credentials, routing id only. */
+static kvd_sess_t *kvd_sess_by_rid(kvd_server_t *s, const uint8_t *rid, size_t len, int32_t pid)
 {
     /* Linear: sessions are engine processes on one host (tens); a hash map would cost more in
      * code than it saves in nanoseconds. */
     for (kvd_sess_t *x = s->sessions; x; x = x->next)
-        if (x->connected && x->rid_len == len && memcmp(x->rid, rid, len) == 0)
+        if (x->rid_len == len && memcmp(x->rid, rid, len) == 0 && (pid < 0 || x->pid == pid))
             return x;
     return NULL;
 }
@@ -1326,7 +1333,7 @@ static void kvd_handle_message(kvd_server_t *s)
     }
     if (e == KV_ERR_OK) {
         c.req = req;
-        c.sess = kvd_sess_by_rid(s, c.rid, c.rid_len);
+        c.sess = kvd_sess_by_rid(s, c.rid, c.rid_len, c.have_cred ? c.pid : -1);
         if (c.sess)
             c.sess->last_ns = t0;
         if (kvp_op_needs_session(op) && !c.sess) {

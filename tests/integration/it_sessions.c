@@ -7,7 +7,8 @@
  * kvc_t, and most of a burst of concurrent hellos from worker threads (one kvc_t per thread,
  * the documented thread rule) failed with INTERNAL "fd handover for session N, expected M".
  * Each check below failed then. Also: pages written through one session's mapping are read
- * back through the other's (the same pools).
+ * back through the other's (the same pools). And a session answers only to the process that
+ * opened it: another process that takes its routing id gets NO_SESSION.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -15,6 +16,9 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
 
 #include <cmocka.h>
 
@@ -88,10 +92,120 @@ static void test_one_process_many_sessions(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* One request through a raw DEALER; returns the reply (the caller frees it). */
+static Kvd__Reply *raw_request(void *d, Kvd__Request *req)
+{
+    uint8_t buf[512];
+    req->version = KVP_VERSION;
+    size_t n = kvd__request__get_packed_size(req);
+    assert_true(n <= sizeof buf);
+    kvd__request__pack(req, buf);
+    assert_int_equal(zmq_send(d, buf, n, 0), (int)n);
+    uint8_t rb[4096];
+    int r = zmq_recv(d, rb, sizeof rb, 0);
+    assert_true(r > 0);
+    Kvd__Reply *rep = kvd__reply__unpack(NULL, (size_t)r, rb);
+    assert_non_null(rep);
+    return rep;
+}
+
+static void *raw_dealer(void *ctx, const itest_kvd_t *k, const char *rid)
+{
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0, tmo = 30000;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    zmq_setsockopt(d, ZMQ_ROUTING_ID, rid, strlen(rid));
+    assert_int_equal(zmq_connect(d, k->endpoint), 0);
+    return d;
+}
+
+/* A session answers to the process that opened it, not to its routing id alone: process A
+ * opens a session through a DEALER with a chosen ZMQ_ROUTING_ID, allocates a page, closes the
+ * socket and stays alive; this process connects with the same routing id. Its release of A's
+ * page gets NO_SESSION (before session 10 it released A's reference), and A's reference
+ * stays. */
+static void test_routing_id_is_not_a_session(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    const char *rid = "kvd-it-rid";
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pid_t a = fork();
+    if (a == 0) {
+        close(up[0]); /* so that the read below sees EOF when the test process is gone */
+        close(down[1]);
+        void *ctx = zmq_ctx_new();
+        void *d = raw_dealer(ctx, &k, rid);
+        Kvd__Request req = KVD__REQUEST__INIT;
+        Kvd__HelloReq h = KVD__HELLO_REQ__INIT;
+        req.id = 1;
+        req.body_case = KVD__REQUEST__BODY_HELLO;
+        req.hello = &h;
+        h.client_name = "A";
+        Kvd__Reply *rep = raw_request(d, &req);
+        if (rep->status != KVD__STATUS__OK)
+            _exit(10);
+        kvd__reply__free_unpacked(rep, NULL);
+        Kvd__AllocReq al = KVD__ALLOC_REQ__INIT;
+        al.count = 1;
+        req = (Kvd__Request)KVD__REQUEST__INIT;
+        req.id = 2;
+        req.body_case = KVD__REQUEST__BODY_ALLOC;
+        req.alloc = &al;
+        rep = raw_request(d, &req);
+        if (rep->status != KVD__STATUS__OK || rep->body_case != KVD__REPLY__BODY_ALLOC ||
+            rep->alloc->n_pages != 1)
+            _exit(11);
+        uint32_t page = rep->alloc->pages[0];
+        kvd__reply__free_unpacked(rep, NULL);
+        zmq_close(d); /* the socket goes, the process (and so the session) stays */
+        zmq_ctx_term(ctx);
+        if (write(up[1], &page, sizeof page) != (ssize_t)sizeof page)
+            _exit(12);
+        char go;
+        _exit(read(down[0], &go, 1) == 1 ? 0 : 13);
+    }
+    close(up[1]);
+    close(down[0]);
+    uint32_t page = 0;
+    assert_int_equal(read(up[0], &page, sizeof page), (ssize_t)sizeof page);
+    assert_int_equal(itest_stat(&k, "request_refs"), 1);
+    void *ctx = zmq_ctx_new();
+    void *d = raw_dealer(ctx, &k, rid);
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__ReleaseReq rl = KVD__RELEASE_REQ__INIT;
+    rl.n_pages = 1;
+    rl.pages = &page;
+    req.id = 3;
+    req.body_case = KVD__REQUEST__BODY_RELEASE;
+    req.release = &rl;
+    Kvd__Reply *rep = raw_request(d, &req);
+    assert_int_equal(rep->status, KVD__STATUS__NO_SESSION);
+    kvd__reply__free_unpacked(rep, NULL);
+    assert_int_equal(itest_stat(&k, "request_refs"), 1); /* A's reference stands */
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    assert_int_equal(write(down[1], "g", 1), 1);
+    int st;
+    assert_int_equal(waitpid(a, &st, 0), a);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_true(itest_wait_stat(&k, "request_refs", 0, 30000) >= 0); /* A exited: reclaimed */
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    close(up[0]);
+    close(down[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_process_many_sessions),
+        cmocka_unit_test(test_routing_id_is_not_a_session),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
