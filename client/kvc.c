@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -427,12 +428,16 @@ static kv_err_t kvc_recv_fds(kvc_t *c, const char *path, int *fds, int *nfds)
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0)
         return kvc_fail(c, KV_ERR_IO, "socket(AF_UNIX) failed: %s", strerror(errno));
+    /* both timeouts: an AF_UNIX connect() to a listener whose backlog is full waits on the
+     * send timeout, the fds on the receive one */
     struct timeval tv = {.tv_sec = c->timeout_ms / 1000, .tv_usec = (c->timeout_ms % 1000) * 1000};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (connect(s, (struct sockaddr *)&sa, sizeof sa) != 0) {
         int en = errno;
         close(s);
-        return kvc_fail(c, KV_ERR_UNAVAILABLE, "connect(%s) failed: %s", path, strerror(en));
+        return kvc_fail(c, en == EAGAIN || en == EINPROGRESS ? KV_ERR_TIMEOUT : KV_ERR_UNAVAILABLE,
+                        "connect(%s) failed: %s", path, strerror(en));
     }
     uint8_t hdr[16];
     union {
@@ -455,12 +460,20 @@ static kv_err_t kvc_recv_fds(kvc_t *c, const char *path, int *fds, int *nfds)
                 memcpy(&fds[(*nfds)++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
         }
     }
-    if (n != (ssize_t)sizeof hdr || memcmp(hdr, "KVDFDS01", 8) != 0) {
+    if (n != (ssize_t)sizeof hdr || memcmp(hdr, "KVDFDS01", 8) != 0 ||
+        (mh.msg_flags & MSG_CTRUNC)) {
         for (int i = 0; i < *nfds; i++)
             close(fds[i]);
         *nfds = 0;
+        if (n < 0 && (en == EAGAIN || en == EWOULDBLOCK))
+            return kvc_fail(c, KV_ERR_TIMEOUT, "no fds from %s within %d ms", path,
+                            c->timeout_ms);
         if (n < 0)
             return kvc_fail(c, KV_ERR_IO, "recvmsg(%s) failed: %s", path, strerror(en));
+        if (mh.msg_flags & MSG_CTRUNC)
+            return kvc_fail(c, KV_ERR_MALFORMED,
+                            "the daemon sent more fds than the %d expected on %s", KVC_MAX_FDS,
+                            path);
         return kvc_fail(c, KV_ERR_PERMISSION_DENIED,
                         "the daemon sent no fds on %s (peer pid not matched to a session?)", path);
     }
@@ -477,6 +490,40 @@ static kv_err_t kvc_recv_fds(kvc_t *c, const char *path, int *fds, int *nfds)
         *nfds = 0;
         return kvc_fail(c, KV_ERR_MALFORMED, "fd handover names session 0");
     }
+    return KV_ERR_OK;
+}
+
+/* One descriptor of HelloRep.pools against the geometry and its fd (fd < 0: a cuda handle,
+ * no size to check). */
+static kv_err_t kvc_check_desc(kvc_t *c, const Kvd__PoolDesc *p, size_t i, int dir, int fd)
+{
+    uint64_t need;
+    if (dir) {
+        if (c->dir)
+            return kvc_fail(c, KV_ERR_MALFORMED, "pool descriptor %zu: a second directory", i);
+        if (p->pages > p->bytes / sizeof(kv_dir_entry_t))
+            return kvc_fail(c, KV_ERR_MALFORMED,
+                            "pool descriptor %zu: a directory of %u entries in %llu bytes", i,
+                            p->pages, (unsigned long long)p->bytes);
+        need = p->bytes;
+    } else {
+        if ((unsigned)p->format >= KV_FMT_COUNT)
+            return kvc_fail(c, KV_ERR_MALFORMED, "pool descriptor %zu: format %d", i,
+                            (int)p->format);
+        const uint64_t pb = kv_page_bytes(&c->geom, (kv_fmt_t)p->format);
+        if (p->page_bytes != pb || p->pages > p->bytes / pb)
+            return kvc_fail(c, KV_ERR_MALFORMED,
+                            "pool descriptor %zu: %u pages of %llu bytes in %llu bytes (the "
+                            "geometry says %llu-byte pages)",
+                            i, p->pages, (unsigned long long)p->page_bytes,
+                            (unsigned long long)p->bytes, (unsigned long long)pb);
+        need = p->bytes;
+    }
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_size < need)
+        return kvc_fail(c, KV_ERR_MALFORMED,
+                        "pool descriptor %zu: %llu bytes, but its fd holds %lld", i,
+                        (unsigned long long)need, (long long)st.st_size);
     return KV_ERR_OK;
 }
 
@@ -499,6 +546,10 @@ static kv_err_t kvc_map(kvc_t *c, const Kvd__HelloRep *h)
             break;
         }
         int dir = p->kind == KVD__POOL_DESC__KIND__KIND_DIRECTORY;
+        /* what the kernels and kvc_page_ptr will compute from the descriptor must lie inside
+         * the mapping: a buggy or mismatched daemon gets MALFORMED here, not SIGBUS later */
+        if ((e = kvc_check_desc(c, p, i, dir, cuda ? -1 : fds[p->fd_index])) != KV_ERR_OK)
+            break;
         void *m;
         if (cuda) {
             uint8_t *d = NULL;
@@ -609,8 +660,14 @@ kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, in
     c->geom.head_dim = hr->geometry->head_dim;
     c->geom.page_tokens = hr->geometry->page_tokens;
     c->geom.seed = hr->geometry->seed;
-    if (map)
+    if (!kv_geom_valid(&c->geom))
+        e = kvc_fail(c, KV_ERR_MALFORMED, "hello reply: invalid geometry (%u layers, %u heads, "
+                                          "head_dim %u, %u tokens per page)",
+                     c->geom.layers, c->geom.kv_heads, c->geom.head_dim, c->geom.page_tokens);
+    else if (map)
         e = kvc_map(c, hr);
+    if (e != KV_ERR_OK)
+        c->session = 0; /* no usable session here; the daemon's is reused by the next hello */
     kvc_reply_free(&rep);
     return e;
 }
@@ -796,17 +853,28 @@ kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extr
     kv_err_t e = kvc_call(c, &req, &rep);
     if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_LOOKUP)) == KV_ERR_OK) {
         size_t k = rep->lookup->n_pages;
+        uint64_t matched = rep->lookup->tokens_matched;
         if (k > cap) {
-            /* keep the reference accounting honest: hand back what we cannot return */
-            if (!peek)
-                kvc_release(c, rep->lookup->pages + cap, k - cap);
+            /* keep the reference accounting honest: hand back what we cannot return; the
+             * tokens matched are then those of the pages returned, never more (a caller that
+             * skips prefill by tokens_matched must hold a page for each of them) */
+            const uint64_t covered = (uint64_t)cap * c->geom.page_tokens;
+            matched = matched < covered ? matched : covered;
+            if (!peek && (e = kvc_release(c, rep->lookup->pages + cap, k - cap)) != KV_ERR_OK) {
+                char why[256];
+                snprintf(why, sizeof why, "%s", kvc_errmsg(c));
+                kvc_reply_free(&rep);
+                return kvc_fail(c, e, "lookup: returning the %zu pages beyond cap %zu failed "
+                                      "(their references are still held): %s",
+                                k - cap, cap, why);
+            }
             k = cap;
         }
         if (k)
             memcpy(pages, rep->lookup->pages, k * sizeof *pages);
         *npages = k;
         if (tokens_matched)
-            *tokens_matched = rep->lookup->tokens_matched;
+            *tokens_matched = (uint32_t)matched;
     }
     kvc_reply_free(&rep);
     return e;

@@ -55,7 +55,11 @@ const char *kvc_errmsg(const kvc_t *c);
 
 /* Hello: open a session, receive the fds over the side socket and map them. namespace_ NULL:
  * the daemon's namespace. map = 0 skips the fd handover (kvctl never maps). A second hello on
- * the same kvc_t first drops everything the previous one gave (as kvc_rehello does). */
+ * the same kvc_t first drops everything the previous one gave (as kvc_rehello does). The
+ * reply's geometry and pool descriptors are checked (MALFORMED when a page or the directory
+ * would lie outside its mapping). On failure the kvc_t holds no session
+ * (kvc_session_id() == 0) and may hello again; a session the daemon opened for this
+ * connection stays until the process exits, and that next hello gets it back. */
 kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, int map);
 /* After a daemon restart (kvc_daemon_restarted() == 1, calls fail with NO_SESSION): unmap and
  * close the old pools and directory, drop replies still waiting from before, hello again with

@@ -8,7 +8,8 @@
  * the documented thread rule) failed with INTERNAL "fd handover for session N, expected M".
  * Each check below failed then. Also: pages written through one session's mapping are read
  * back through the other's (the same pools). And a session answers only to the process that
- * opened it: another process that takes its routing id gets NO_SESSION.
+ * opened it: another process that takes its routing id gets NO_SESSION. A capped lookup
+ * reports only the tokens of the pages it returns.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -201,11 +202,38 @@ static void test_routing_id_is_not_a_session(void **state)
     close(down[1]);
 }
 
+/* kvc_lookup with a cap below the hits: the pages beyond it are released, and tokens_matched
+ * counts only the tokens of the pages returned (before session 10 it kept the daemon's full
+ * count, so a caller skipping prefill by it skipped tokens it held no page for). */
+static void test_lookup_cap(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = itest_connect(&k, "capped");
+    uint32_t pages[3], tok[3 * ITEST_PT], got[1], matched = 0;
+    itest_seal_known(c, 77, 3, pages);
+    assert_int_equal(kvc_release(c, pages, 3), KV_ERR_OK);
+    itest_prompt_tokens(77, 3, tok);
+    size_t np = 0;
+    assert_int_equal(kvc_lookup(c, tok, 3 * ITEST_PT, NULL, 0, 0, got, 1, &np, &matched),
+                     KV_ERR_OK);
+    assert_int_equal(np, 1);
+    assert_int_equal(got[0], pages[0]);
+    assert_int_equal(matched, ITEST_PT);
+    assert_int_equal(itest_stat(&k, "request_refs"), 1); /* the two beyond the cap released */
+    assert_int_equal(kvc_release(c, got, 1), KV_ERR_OK);
+    kvc_close(&c);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_process_many_sessions),
         cmocka_unit_test(test_routing_id_is_not_a_session),
+        cmocka_unit_test(test_lookup_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
