@@ -51,6 +51,8 @@
        "ZMQ_MAXMSGSIZE of the control socket (0: unlimited)")                                      \
     XX(max_alloc, U64, 1, 1048576, "", "4096", 1, "max pages in one alloc request")                \
     XX(max_tokens, U64, 1, 67108864, "", "1048576", 1, "max tokens in one lookup request")         \
+    XX(max_sessions_per_pid, U64, 1, 65536, "", "64", 1,                                           \
+       "sessions one process may hold (each has a pidfd; they end when it exits)")                 \
     XX(lifecycle_ms, U64, 0, 3600000, "", "100", 1,                                                \
        "period of the lifecycle controller (retier/promote) in ms (0: off)")                       \
     XX(recent_pages, U64, 1, 16777216, "", KVD_CFG_STR(KVD_LC_DEFAULT_RECENT_PAGES), 1,            \

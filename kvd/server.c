@@ -616,6 +616,14 @@ static kv_err_t kvd_op_hello(kvd_req_ctx_t *c)
     }
     kvd_sess_t *x = c->sess;
     if (!x) {
+        uint64_t mine = 0; /* sessions of this process: each keeps a pidfd until it exits */
+        for (kvd_sess_t *y = s->sessions; y; y = y->next)
+            mine += y->pid == c->pid;
+        if (mine >= s->cfg->max_sessions_per_pid)
+            return kvd_fail(c, KV_ERR_RESOURCE_EXHAUSTED,
+                            "process %d already holds %" PRIu64 " sessions (max_sessions_per_pid "
+                            "%" PRIu64 "); a session ends when its process exits",
+                            (int)c->pid, mine, s->cfg->max_sessions_per_pid);
         x = calloc(1, sizeof *x);
         if (!x)
             return kvd_fail(c, KV_ERR_NOMEM, "out of memory opening a session");

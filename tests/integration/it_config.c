@@ -21,7 +21,7 @@
 static const char *const keys[] = {"endpoint", "backend", "namespace", "layers", "kv_heads",
                                    "head_dim", "page_tokens", "seed", "pages_fp8", "pages_tq3",
                                    "cache_quota", "admit_uids", "admit_gids", "socket_group", "lease_ms",
-                                   "epoch_ms", "max_msg_bytes", "max_alloc", "max_tokens",
+                                   "epoch_ms", "max_msg_bytes", "max_alloc", "max_tokens", "max_sessions_per_pid",
                                    "metrics_port", "metrics_addr", "log_level", "lifecycle_ms",
                                    "recent_pages", "anchor_pages", "retier_batch",
                                    "fp8_low_watermark", "cache_retier_ms",

@@ -9,7 +9,8 @@
  * Each check below failed then. Also: pages written through one session's mapping are read
  * back through the other's (the same pools). And a session answers only to the process that
  * opened it: another process that takes its routing id gets NO_SESSION. A capped lookup
- * reports only the tokens of the pages it returns.
+ * reports only the tokens of the pages it returns. A process holds at most
+ * max_sessions_per_pid sessions.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -228,12 +229,40 @@ static void test_lookup_cap(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* max_sessions_per_pid: a hello beyond it is RESOURCE_EXHAUSTED with the reason, and raising
+ * it at runtime lets the next one in (before session 10 a process could open sessions until
+ * the daemon ran out of file descriptors: each keeps a pidfd). */
+static void test_sessions_per_pid(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--max_sessions_per_pid", "3", NULL};
+    itest_kvd_t k;
+    itest_kvd_start(&k, extra);
+    kvc_t *c[4];
+    for (int i = 0; i < 3; i++)
+        c[i] = itest_connect(&k, "one of three");
+    assert_int_equal(kvc_connect(&c[3], k.endpoint, 30000), KV_ERR_OK);
+    assert_int_equal(kvc_hello(c[3], NULL, "fourth", 1), KV_ERR_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(kvc_errmsg(c[3]), "max_sessions_per_pid"));
+    assert_int_equal(itest_stat(&k, "sessions"), 3);
+    char out[256];
+    const char *set[] = {"config", "set", "max_sessions_per_pid", "4", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, set), 0);
+    assert_int_equal(kvc_hello(c[3], NULL, "fourth", 1), KV_ERR_OK);
+    assert_non_null(kvc_pool_base(c[3], KV_FMT_FP8));
+    for (int i = 0; i < 4; i++)
+        kvc_close(&c[i]);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_process_many_sessions),
         cmocka_unit_test(test_routing_id_is_not_a_session),
         cmocka_unit_test(test_lookup_cap),
+        cmocka_unit_test(test_sessions_per_pid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
