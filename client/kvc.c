@@ -26,7 +26,8 @@
  * reconnects on its own (ZMQ_RECONNECT_IVL below); requests written while the daemon is down
  * wait in the pipe and reach the new daemon, which answers NO_SESSION; a request the old
  * daemon took and never answered ends in TIMEOUT. Replies to requests sent before the last
- * hello (`id_floor`) are dropped on arrival instead of stashed forever.
+ * hello (`id_floor`) are dropped on arrival instead of stashed forever, and so are late
+ * replies to calls that timed out (kvc_late), whose alloc or lookup references are released.
  */
 #include "kvc.h"
 
@@ -46,6 +47,7 @@
 #include "kvc_cuda.h"
 
 #define KVC_MAX_FDS 8
+#define KVC_LATE_MAX 64 /* timed-out calls whose late replies are awaited (kvc_late) */
 
 typedef struct kvc_stash_s {
     Kvd__Reply *rep;
@@ -81,6 +83,14 @@ struct kvc_s {
     int restarted;         /* a reply said the daemon restarted since our hello */
     uint64_t new_instance; /* its instance (0: a daemon too old to say) */
     uint64_t id_floor;     /* ids below were sent before the last hello */
+    /* requests of kvc_call that ended in TIMEOUT: nobody will ask for their replies, and
+     * those that take references (alloc, lookup without peek) must give them back when the
+     * reply comes after all (kvc_late). Bounded: the oldest is forgotten when full. */
+    struct {
+        uint64_t id;
+        int refs; /* the reply's pages hold references to release */
+    } late[KVC_LATE_MAX];
+    int nlate;
 };
 
 static kv_err_t kvc_fail(kvc_t *c, kv_err_t e, const char *fmt, ...)
@@ -348,6 +358,39 @@ static kv_err_t kvc_reply_status(kvc_t *c, Kvd__Reply *r)
     return e;
 }
 
+/* A reply to a kvc_call that timed out: consumed here (1) or not one (0). The references an
+ * alloc or a lookup took for us are released (the release's own reply is dropped the same
+ * way), so that a slow daemon cannot make a client leak pages it never learned about. */
+static int kvc_late(kvc_t *c, Kvd__Reply *r)
+{
+    int i = 0;
+    while (i < c->nlate && c->late[i].id != r->id)
+        i++;
+    if (i == c->nlate)
+        return 0;
+    const int refs = c->late[i].refs;
+    c->late[i] = c->late[--c->nlate];
+    const uint32_t *pages = NULL;
+    size_t n = 0;
+    if (refs && r->status == KVD__STATUS__OK && r->body_case == KVD__REPLY__BODY_ALLOC)
+        pages = r->alloc->pages, n = r->alloc->n_pages;
+    else if (refs && r->status == KVD__STATUS__OK && r->body_case == KVD__REPLY__BODY_LOOKUP)
+        pages = r->lookup->pages, n = r->lookup->n_pages;
+    uint64_t rid;
+    if (n && kvc_release_send(c, pages, n, &rid) == KV_ERR_OK && c->nlate < KVC_LATE_MAX)
+        c->late[c->nlate].id = rid, c->late[c->nlate++].refs = 0;
+    kvd__reply__free_unpacked(r, NULL);
+    return 1;
+}
+
+static void kvc_late_add(kvc_t *c, uint64_t id, int refs)
+{
+    if (c->nlate == KVC_LATE_MAX) /* forget the oldest: its reply will be stashed */
+        memmove(c->late, c->late + 1, sizeof c->late[0] * (KVC_LATE_MAX - 1)), c->nlate--;
+    c->late[c->nlate].id = id;
+    c->late[c->nlate++].refs = refs;
+}
+
 kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
 {
     *rep = NULL;
@@ -374,6 +417,8 @@ kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
             kvd__reply__free_unpacked(r, NULL);
             continue;
         }
+        if (kvc_late(c, r))
+            continue;
         kvc_stash_t *s = malloc(sizeof *s);
         if (!s) {
             kvd__reply__free_unpacked(r, NULL);
@@ -395,8 +440,14 @@ kv_err_t kvc_recv_any(kvc_t *c, Kvd__Reply **rep)
         free(s);
         return kvc_reply_status(c, *rep);
     }
-    kv_err_t e = kvc_recv_one(c, kvc_now_ms() + c->timeout_ms, rep);
-    return e != KV_ERR_OK ? e : kvc_reply_status(c, *rep);
+    for (;;) {
+        kv_err_t e = kvc_recv_one(c, kvc_now_ms() + c->timeout_ms, rep);
+        if (e != KV_ERR_OK)
+            return e;
+        if (!kvc_late(c, *rep))
+            return kvc_reply_status(c, *rep);
+        *rep = NULL;
+    }
 }
 
 void kvc_reply_free(Kvd__Reply **rep)
@@ -414,7 +465,12 @@ kv_err_t kvc_call(kvc_t *c, Kvd__Request *req, Kvd__Reply **rep)
     kv_err_t e = kvc_send(c, req, &id);
     if (e != KV_ERR_OK)
         return e;
-    return kvc_recv(c, id, rep);
+    e = kvc_recv(c, id, rep);
+    if (e == KV_ERR_TIMEOUT) /* nobody can ask for this reply again: see kvc_late */
+        kvc_late_add(c, id,
+                     req->body_case == KVD__REQUEST__BODY_ALLOC ||
+                         (req->body_case == KVD__REQUEST__BODY_LOOKUP && !req->lookup->peek));
+    return e;
 }
 
 /* ---- hello and the fd handover ----------------------------------------------------------- */
@@ -607,6 +663,7 @@ static void kvc_session_reset(kvc_t *c)
     c->dir_entries = 0;
     c->session = c->epoch = c->instance = c->new_instance = 0;
     c->restarted = 0;
+    c->nlate = 0; /* their replies are below the next id_floor: dropped on arrival */
     c->safe_epoch = 0; /* an engine in manual mode declares again (epochs restart too) */
     c->pid_seen = 0;
     c->backend[0] = '\0';
@@ -806,7 +863,9 @@ kv_err_t kvc_alloc(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t *pages)
 {
     uint64_t id;
     kv_err_t e = kvc_alloc_send(c, f, n, &id);
-    return e != KV_ERR_OK ? e : kvc_alloc_recv(c, id, n, pages);
+    if (e == KV_ERR_OK && (e = kvc_alloc_recv(c, id, n, pages)) == KV_ERR_TIMEOUT)
+        kvc_late_add(c, id, 1); /* nobody can ask for this reply again: see kvc_late */
+    return e;
 }
 
 kv_err_t kvc_seal(kvc_t *c, uint32_t page, uint32_t prev, const uint32_t *tokens, size_t n,
@@ -897,6 +956,8 @@ kv_err_t kvc_release(kvc_t *c, const uint32_t *pages, size_t n)
     Kvd__Reply *rep;
     e = kvc_recv(c, id, &rep);
     kvc_reply_free(&rep);
+    if (e == KV_ERR_TIMEOUT)
+        kvc_late_add(c, id, 0);
     return e;
 }
 

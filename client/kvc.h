@@ -111,7 +111,10 @@ void kvc_set_safe_epoch(kvc_t *c, uint64_t safe_epoch);
 kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id);
 /* Wait for the reply to id. On KV_ERR_OK or on a daemon error status, *rep is the reply (free
  * with kvc_reply_free) and the return value is its status; on a local failure (TIMEOUT,
- * MALFORMED reply, PERMISSION_DENIED) *rep is NULL. */
+ * MALFORMED reply, PERMISSION_DENIED) *rep is NULL. After a TIMEOUT here the caller may wait
+ * for id again. After a TIMEOUT of a synchronous call (kvc_call and the typed calls below)
+ * nobody can: its reply is dropped when it comes, and the pages an alloc or a lookup without
+ * peek took are released then. */
 kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep);
 /* Send raw bytes as one request (tests of malformed input). */
 kv_err_t kvc_send_raw(kvc_t *c, const void *buf, size_t len);

@@ -10,10 +10,12 @@
  * back through the other's (the same pools). And a session answers only to the process that
  * opened it: another process that takes its routing id gets NO_SESSION. A capped lookup
  * reports only the tokens of the pages it returns. A process holds at most
- * max_sessions_per_pid sessions.
+ * max_sessions_per_pid sessions. The late reply of a call that timed out gives its pages back.
  */
+#include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -256,6 +258,33 @@ static void test_sessions_per_pid(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* A call that timed out must not leak what its late reply grants: the daemon is stopped
+ * (SIGSTOP) past the client's 300 ms timeout during an alloc of 32 pages, which returns
+ * TIMEOUT; after SIGCONT the next call receives the late reply, and libkvc releases its 32
+ * pages. Before session 10 the reply was stashed forever and the pages stayed referenced
+ * until the process exited (request_refs 33 here instead of 1). */
+static void test_late_reply_released(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = NULL;
+    assert_int_equal(kvc_connect(&c, k.endpoint, 300), KV_ERR_OK);
+    assert_int_equal(kvc_hello(c, NULL, "slow daemon", 1), KV_ERR_OK);
+    uint32_t pages[32], one;
+    assert_int_equal(kill(k.pid, SIGSTOP), 0);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 32, pages), KV_ERR_TIMEOUT);
+    assert_int_equal(kill(k.pid, SIGCONT), 0);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, &one), KV_ERR_OK);
+    if (itest_wait_stat(&k, "request_refs", 1, 30000) < 0)
+        fail_msg("request_refs stays %" PRIu64 ": the late alloc's pages were not released",
+                 itest_stat(&k, "request_refs"));
+    assert_int_equal(kvc_release(c, &one, 1), KV_ERR_OK);
+    kvc_close(&c);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -263,6 +292,7 @@ int main(void)
         cmocka_unit_test(test_routing_id_is_not_a_session),
         cmocka_unit_test(test_lookup_cap),
         cmocka_unit_test(test_sessions_per_pid),
+        cmocka_unit_test(test_late_reply_released),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
