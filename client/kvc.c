@@ -717,6 +717,9 @@ kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, in
     c->geom.head_dim = hr->geometry->head_dim;
     c->geom.page_tokens = hr->geometry->page_tokens;
     c->geom.seed = hr->geometry->seed;
+    /* the backend the daemon serves, also without a mapping (kvctl, map = 0) */
+    snprintf(c->backend, sizeof c->backend, "%s",
+             hr->backend && *hr->backend ? hr->backend : "host");
     if (!kv_geom_valid(&c->geom))
         e = kvc_fail(c, KV_ERR_MALFORMED, "hello reply: invalid geometry (%u layers, %u heads, "
                                           "head_dim %u, %u tokens per page)",

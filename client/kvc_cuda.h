@@ -26,7 +26,8 @@ typedef struct kvc_cuda_s kvc_cuda_t;
 kv_err_t kvc__cuda_open(kvc_cuda_t **out, int legacy, char *err, size_t errlen);
 /* Import one region of `bytes` from fd (not closed here) and map it at *dptr (device address).
  * readonly: ask for read-only access (the directory); where the driver refuses read-only VMM
- * access the mapping is read-write and kvc__cuda_dir_readonly() says so. */
+ * access the mapping is read-write (kvc__cuda_dir_readonly() returns 0; libkvc does not report
+ * it further: the daemon is the only writer by contract, not by the driver there). */
 kv_err_t kvc__cuda_map(kvc_cuda_t *cu, int fd, uint64_t bytes, int readonly, uint8_t **dptr,
                        char *err, size_t errlen);
 /* Copy n bytes of device memory at src into host dst (the directory lookups of kvc_page_ptr). */

@@ -1,12 +1,13 @@
 /* server.c — see server.h for the handle map and the session rule.
  *
- * Request path (one message, all on the loop thread, no allocation on the hot path except
- * protobuf-c's unpack and the lookup page buffer):
+ * Request path (one message, all on the loop thread; the allocations are protobuf-c's unpack,
+ * the lookup page buffer and the reply bodies: calloc'd pieces freed together after each
+ * reply, ar_alloc):
  *
  *   frames = [routing id][envelope…][payload]     (DEALER sends just [payload]; a REQ peer's
  *                                                  empty delimiter is echoed back unchanged)
  *   kvp_request_decode(payload) → op, id          (the gate: every malformed input stops here)
- *   session lookup by routing id                  (ops that need one → NO_SESSION)
+ *   session lookup by routing id and pid          (ops that need one → NO_SESSION)
  *   optional safe-epoch report
  *   handler → kvd_core_*()                        (state change or error + message)
  *   reply: version, id, status, message, epoch, body → packed → [envelope…][reply]
