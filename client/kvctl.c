@@ -3,6 +3,7 @@
  *   kvctl [--endpoint EP] [--json] [--timeout MS] COMMAND [ARGS]
  *     status                       daemon figures (the core's stats table, in table order)
  *     sessions                     attached processes, refs, epochs, lease state
+ *     sessions fence SESSION       a hung session stops holding back page recycling
  *     cache ls [LIMIT]             cache entries, evictable (LRU) first
  *     cache evict PAGE|all         drop cache bindings (referenced pages stay live)
  *     cache pin PAGE | unpin PAGE  pin: never evicted
@@ -23,6 +24,7 @@
  * prints one JSON object per command on stdout. Exit 0 on success, 1 on any error (the
  * daemon's status name and message on stderr), 2 on usage errors.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +43,8 @@ static void usage(FILE *f)
             "commands:\n"
             "  status                      daemon figures\n"
             "  sessions                    attached client processes\n"
+            "  sessions fence SESSION      stop a hung session from holding back page\n"
+            "                              recycling (its requests are refused from then on)\n"
             "  cache ls [LIMIT]            cache entries (evictable first)\n"
             "  cache evict PAGE|all        drop cache entries\n"
             "  cache pin PAGE              pin a cached page (never evicted)\n"
@@ -144,17 +148,18 @@ static void print_sessions(const Kvd__SessionsRep *r)
         if (json) {
             printf("%s{\"id\":%" PRIu64 ",\"pid\":%u,\"uid\":%u,\"gid\":%u,\"refs\":%" PRIu64
                    ",\"sequences\":%u,\"completed_epoch\":%" PRIu64 ",\"idle_ms\":%" PRIu64
-                   ",\"lease_expired\":%s,\"connected\":%s,\"name\":",
+                   ",\"lease_expired\":%s,\"connected\":%s,\"fenced\":%s,\"name\":",
                    i ? "," : "", s->id, s->pid, s->uid, s->gid, s->refs, s->sequences,
                    s->completed_epoch, s->idle_ms, s->lease_expired ? "true" : "false",
-                   s->connected ? "true" : "false");
+                   s->connected ? "true" : "false", s->fenced ? "true" : "false");
             jstr(s->client_name);
             printf("}");
         } else {
             printf("%-8" PRIu64 " %-8u %-6u %-6u %-10" PRIu64 " %-5u %-10" PRIu64 " %-10" PRIu64
                    " %-6s %s\n",
                    s->id, s->pid, s->uid, s->gid, s->refs, s->sequences, s->completed_epoch,
-                   s->idle_ms, s->lease_expired ? "EXPIRED" : "ok", s->client_name);
+                   s->idle_ms, s->fenced ? "FENCED" : s->lease_expired ? "EXPIRED" : "ok",
+                   s->client_name);
         }
     }
     if (json)
@@ -478,6 +483,7 @@ int main(int argc, char **argv)
     Kvd__CheckReq ck = KVD__CHECK_REQ__INIT;
     Kvd__EventsSyncReq es = KVD__EVENTS_SYNC_REQ__INIT;
     Kvd__SnapshotReq sn = KVD__SNAPSHOT_REQ__INIT;
+    Kvd__SessionFenceReq sf = KVD__SESSION_FENCE_REQ__INIT;
     const char *cmd = args[0], *sub = nargs > 1 ? args[1] : "";
     if (!strcmp(cmd, "status") && nargs == 1) {
         req.body_case = KVD__REQUEST__BODY_STATUS;
@@ -485,6 +491,17 @@ int main(int argc, char **argv)
     } else if (!strcmp(cmd, "sessions") && nargs == 1) {
         req.body_case = KVD__REQUEST__BODY_SESSIONS;
         req.sessions = &ss;
+    } else if (!strcmp(cmd, "sessions") && !strcmp(sub, "fence") && nargs == 3) {
+        req.body_case = KVD__REQUEST__BODY_SESSION_FENCE;
+        req.session_fence = &sf;
+        char *end = NULL;
+        errno = 0;
+        sf.session_id = strtoull(args[2], &end, 10);
+        if (errno || !end || *end || args[2][0] == '-' || sf.session_id == 0) {
+            fprintf(stderr, "kvctl: sessions fence: SESSION must be a session id (kvctl "
+                            "sessions)\n");
+            return 2;
+        }
     } else if (!strcmp(cmd, "cache") && !strcmp(sub, "ls") && nargs <= 3) {
         req.body_case = KVD__REQUEST__BODY_CACHE_LS;
         req.cache_ls = &cl;
@@ -596,6 +613,11 @@ int main(int argc, char **argv)
             break;
         case KVD__REPLY__BODY_CONFIG_SET:
             print_config(&rep->config_set->item, 1, 1);
+            break;
+        case KVD__REPLY__BODY_SESSION_FENCE:
+            printf(json ? "{\"fenced\":%" PRIu64 ",\"min_safe_epoch\":%" PRIu64 "}\n"
+                        : "session %" PRIu64 " fenced; minimum safe epoch now %" PRIu64 "\n",
+                   rep->session_fence->session_id, rep->session_fence->min_safe_epoch);
             break;
         case KVD__REPLY__BODY_EVENTS_SYNC:
             printf(json ? "{\"seq\":%" PRIu64 ",\"entries\":%u}\n"

@@ -106,6 +106,12 @@ int kvd_core_session_close(kvd_core_t *c, uint64_t sid);
  * and ≤ the current epoch: INVALID_ARGUMENT otherwise (state unchanged). Runs collect when the
  * minimum moved. Errors: NO_SESSION, INVALID_ARGUMENT. */
 int kvd_core_session_report_epoch(kvd_core_t *c, uint64_t sid, uint64_t safe_epoch);
+/* Fence a live session the operator knows is hung (DESIGN.md "Ownership"): it is left out of
+ * the minimum safe epoch from now on, so pages retired by others are recycled without its
+ * report (a kernel it still had in flight on them would read recycled bytes: the operator's
+ * call). Its own references stay until kvd_core_session_close. Idempotent; runs collect.
+ * Errors: NO_SESSION. */
+int kvd_core_session_fence(kvd_core_t *c, uint64_t sid);
 
 typedef struct kvd_session_info_s {
     uint64_t sid;
@@ -116,6 +122,7 @@ typedef struct kvd_session_info_s {
     uint64_t seq_refs;    /* request refs inside its sequences */
     uint32_t sequences;
     uint64_t opened_ns;
+    int fenced; /* kvd_core_session_fence */
 } kvd_session_info_t;
 int kvd_core_session_info(const kvd_core_t *c, uint64_t sid, kvd_session_info_t *out);
 /* Call fn for every live session (order unspecified). fn must not call into the core. */

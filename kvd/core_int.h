@@ -77,6 +77,7 @@ typedef struct kvd_session_s {
     kvd_map_t held;  /* lid → loose + in-sequence request refs */
     kvd_map_t seqs;  /* seq id → 1 */
     uint64_t loose_total, seq_total;
+    int fenced; /* kvd_core_session_fence: left out of the minimum safe epoch */
 } kvd_session_t;
 
 struct kvd_core_s {

@@ -216,7 +216,7 @@ uint64_t kvd__min_safe_epoch(const kvd_core_t *c)
     uint64_t m = UINT64_MAX, pos = 0, k, v;
     while (kvd_map_next(&c->sessions, &pos, &k, &v)) {
         const kvd_session_t *s = (const kvd_session_t *)(uintptr_t)v;
-        if (s->safe_epoch < m)
+        if (!s->fenced && s->safe_epoch < m) /* a fenced session holds back nothing */
             m = s->safe_epoch;
     }
     return m;

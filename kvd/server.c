@@ -56,6 +56,7 @@ typedef struct kvd_sess_s {
     uv_poll_t poll;
     uint8_t rid[KVD_ROUTING_MAX];
     size_t rid_len;
+    int fenced;    /* kvctl sessions fence: every request of it is refused */
     int connected; /* set by hello; libzmq does not tell a ROUTER that a peer's socket closed,
                     * so a session stays "connected" until its process exits (sessions end
                     * only then: DESIGN.md "Ownership") */
@@ -951,6 +952,7 @@ static kv_err_t kvd_op_sessions(kvd_req_ctx_t *c)
         m->lease_expired = m->idle_ms > s->cfg->lease_ms;
         m->connected = x->connected != 0;
         m->exited = 0;
+        m->fenced = x->fenced != 0;
         ptr[n++] = m;
     }
     b_->sessions = ptr;
@@ -1244,6 +1246,36 @@ static kv_err_t kvd_op_events_sync(kvd_req_ctx_t *c)
     return KV_ERR_OK;
 }
 
+/* The operator fences a live but silent session (kvd_core_session_fence): its pages stay, it
+ * no longer holds back recycling, and it is refused from now on, so that an engine that wakes
+ * up learns it may have read recycled pages instead of carrying on. */
+static kv_err_t kvd_op_session_fence(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    const uint64_t sid = c->req->session_fence->session_id;
+    kvd_sess_t *x = s->sessions;
+    while (x && x->sid != sid)
+        x = x->next;
+    if (!x)
+        return kvd_fail(c, KV_ERR_NO_SESSION, "session %" PRIu64 " does not exist", sid);
+    int e = kvd_core_session_fence(s->core, sid);
+    if (e != KV_ERR_OK)
+        return kvd_core_fail(c, e);
+    if (!x->fenced)
+        KVD_LOGW("session %" PRIu64 " (pid %d '%s') fenced by the operator: it no longer holds "
+                 "back page recycling, its requests are refused, its pages stay until the "
+                 "process exits",
+                 sid, (int)x->pid, x->name);
+    x->fenced = 1;
+    kvd_stats_t st;
+    kvd_core_stats(s->core, &st);
+    KVD_BODY(c, Kvd__SessionFenceRep, KVD__SESSION_FENCE_REP__INIT, session_fence,
+             SESSION_FENCE);
+    b_->session_id = sid;
+    b_->min_safe_epoch = st.min_safe_epoch;
+    return KV_ERR_OK;
+}
+
 typedef kv_err_t (*kvd_op_fn)(kvd_req_ctx_t *c);
 static const kvd_op_fn kvd_ops[KVP_OP_COUNT] = {
 #define KVD_OP_FN_(cs, nm, sess, adm) kvd_op_##nm,
@@ -1345,7 +1377,13 @@ static void kvd_handle_message(kvd_server_t *s)
         c.sess = kvd_sess_by_rid(s, c.rid, c.rid_len, c.have_cred ? c.pid : -1);
         if (c.sess)
             c.sess->last_ns = t0;
-        if (kvp_op_needs_session(op) && !c.sess) {
+        if (c.sess && c.sess->fenced) {
+            e = KV_ERR_FAILED_PRECONDITION;
+            snprintf(c.msg, sizeof c.msg,
+                     "session %" PRIu64 " was fenced by the operator (kvctl sessions fence): "
+                     "pages it read may have been recycled; restart the process",
+                     c.sess->sid);
+        } else if (kvp_op_needs_session(op) && !c.sess) {
             e = KV_ERR_NO_SESSION;
             /* A client of a previous instance lands here after a restart: the message says
              * what to do, and Reply.instance tells it that the daemon is a new one. */

@@ -187,6 +187,17 @@ int kvd_core_session_report_epoch(kvd_core_t *c, uint64_t sid, uint64_t safe_epo
     return KV_ERR_OK;
 }
 
+int kvd_core_session_fence(kvd_core_t *c, uint64_t sid)
+{
+    kvd_session_t *s = kvd__session_get(c, sid);
+    if (!s)
+        return kvd__fail(c, KV_ERR_NO_SESSION, "session %llu does not exist",
+                         (unsigned long long)sid);
+    s->fenced = 1;
+    kvd_core_collect(c);
+    return KV_ERR_OK;
+}
+
 static void session_fill_info(const kvd_session_t *s, kvd_session_info_t *o)
 {
     memset(o, 0, sizeof(*o));
@@ -198,6 +209,7 @@ static void session_fill_info(const kvd_session_t *s, kvd_session_info_t *o)
     o->seq_refs = s->seq_total;
     o->sequences = (uint32_t)s->seqs.len;
     o->opened_ns = s->opened_ns;
+    o->fenced = s->fenced;
 }
 
 int kvd_core_session_info(const kvd_core_t *c, uint64_t sid, kvd_session_info_t *out)

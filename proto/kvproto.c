@@ -278,6 +278,11 @@ static kv_err_t kvp_validate(const Kvd__Request *r, kvp_op_t op, const kvp_limit
         if (!kvp_str_ok(r->config_set->key) || !kvp_str_ok(r->config_set->value))
             return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT, "config_set: string too long");
         return KV_ERR_OK;
+    case KVP_OP_SESSION_FENCE:
+        if (r->session_fence->session_id == 0)
+            return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT,
+                            "session_fence: session_id 0 names no session");
+        return KV_ERR_OK;
     default:
         return KV_ERR_OK;
     }

@@ -59,7 +59,8 @@
     XX(DRAIN, drain, 0, 1)                                                                         \
     XX(CHECK, check, 0, 1)                                                                         \
     XX(SNAPSHOT, snapshot, 0, 1)                                                                   \
-    XX(EVENTS_SYNC, events_sync, 0, 1)
+    XX(EVENTS_SYNC, events_sync, 0, 1)                                                             \
+    XX(SESSION_FENCE, session_fence, 0, 1)
 
 /* Dense operation index (for per-op tables such as latency histograms). */
 typedef enum kvp_op_e {

@@ -11,6 +11,7 @@
  * opened it: another process that takes its routing id gets NO_SESSION. A capped lookup
  * reports only the tokens of the pages it returns. A process holds at most
  * max_sessions_per_pid sessions. The late reply of a call that timed out gives its pages back.
+ * The operator can fence a silent session that holds back page recycling.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -285,6 +286,46 @@ static void test_late_reply_released(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* A live but silent session holds back the recycling of every page others release (their
+ * retire stamps wait for its epoch report): B, allocating and releasing, runs the 256-page FP8
+ * pool dry. `kvctl sessions fence A` lets B go on at once; A's next request is refused with a
+ * message naming the fence, and kvctl shows it FENCED. (Before session 10 there was no fence:
+ * only A's exit helped.) */
+static void test_fence_silent_session(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *a = itest_connect(&k, "silent A");
+    kvc_t *b = itest_connect(&k, "busy B");
+    uint32_t pages[32];
+    kv_err_t e = KV_ERR_OK;
+    int rounds = 0;
+    for (; rounds < 100 && e == KV_ERR_OK; rounds++) {
+        e = kvc_alloc(b, KV_FMT_FP8, 32, pages);
+        if (e == KV_ERR_OK)
+            assert_int_equal(kvc_release(b, pages, 32), KV_ERR_OK);
+    }
+    assert_int_equal(e, KV_ERR_RESOURCE_EXHAUSTED); /* 256 pages, all waiting on A's report */
+    char sid[24], out[4096];
+    snprintf(sid, sizeof sid, "%" PRIu64, kvc_session_id(a));
+    const char *fence[] = {"sessions", "fence", sid, NULL}, *list[] = {"sessions", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, fence), 0);
+    assert_non_null(strstr(out, "fenced"));
+    assert_int_equal(kvc_alloc(b, KV_FMT_FP8, 32, pages), KV_ERR_OK);
+    assert_int_equal(kvc_release(b, pages, 32), KV_ERR_OK);
+    assert_int_equal(kvc_alloc(a, KV_FMT_FP8, 1, pages), KV_ERR_FAILED_PRECONDITION);
+    assert_non_null(strstr(kvc_errmsg(a), "fenced by the operator"));
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, list), 0);
+    assert_non_null(strstr(out, "FENCED"));
+    const char *bad[] = {"sessions", "fence", "999999", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, bad), 1); /* no such session */
+    kvc_close(&a);
+    kvc_close(&b);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -293,6 +334,7 @@ int main(void)
         cmocka_unit_test(test_lookup_cap),
         cmocka_unit_test(test_sessions_per_pid),
         cmocka_unit_test(test_late_reply_released),
+        cmocka_unit_test(test_fence_silent_session),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

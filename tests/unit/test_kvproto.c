@@ -62,6 +62,29 @@ static void test_kvproto_alloc_ok_and_bounds(void **state)
     assert_int_equal(decode(buf, pack(&r, buf), &lim, &id, &op, msg), KV_ERR_INVALID_ARGUMENT);
 }
 
+/* session_fence (an admin call): any session id but 0 passes the gate */
+static void test_kvproto_session_fence(void **state)
+{
+    (void)state;
+    uint8_t buf[64];
+    char msg[256];
+    uint64_t id;
+    kvp_op_t op;
+    Kvd__Request r = KVD__REQUEST__INIT;
+    Kvd__SessionFenceReq f = KVD__SESSION_FENCE_REQ__INIT;
+    r.version = KVP_VERSION;
+    r.id = 5;
+    r.body_case = KVD__REQUEST__BODY_SESSION_FENCE;
+    r.session_fence = &f;
+    f.session_id = 12;
+    assert_int_equal(decode(buf, pack(&r, buf), NULL, &id, &op, msg), KV_ERR_OK);
+    assert_int_equal(op, KVP_OP_SESSION_FENCE);
+    assert_false(kvp_op_needs_session(op));
+    f.session_id = 0;
+    assert_int_equal(decode(buf, pack(&r, buf), NULL, &id, &op, msg), KV_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "session_id 0"));
+}
+
 static void test_kvproto_version_and_body(void **state)
 {
     (void)state;
@@ -168,6 +191,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kvproto_alloc_ok_and_bounds),
+        cmocka_unit_test(test_kvproto_session_fence),
         cmocka_unit_test(test_kvproto_version_and_body),
         cmocka_unit_test(test_kvproto_seal_tokens_and_ids),
         cmocka_unit_test(test_kvproto_garbage),
