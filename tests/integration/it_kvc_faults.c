@@ -131,7 +131,7 @@ static void *fake_fds(void *arg)
     uint8_t hdr[16];
     memcpy(hdr, "KVDFDS01", 8);
     for (int i = 0; i < 8; i++)
-        hdr[8 + i] = (uint8_t)(7u >> (8 * i));
+        hdr[8 + i] = (uint8_t)((uint64_t)7 >> (8 * i)); /* session 7, little endian */
     union {
         char buf[CMSG_SPACE(sizeof(int) * 9)];
         struct cmsghdr align;
