@@ -358,6 +358,14 @@ static kv_err_t kvc_reply_status(kvc_t *c, Kvd__Reply *r)
     return e;
 }
 
+static void kvc_late_add(kvc_t *c, uint64_t id, int refs)
+{
+    if (c->nlate == KVC_LATE_MAX) /* forget the oldest: its reply will be stashed */
+        memmove(c->late, c->late + 1, sizeof c->late[0] * (KVC_LATE_MAX - 1)), c->nlate--;
+    c->late[c->nlate].id = id;
+    c->late[c->nlate++].refs = refs;
+}
+
 /* A reply to a kvc_call that timed out: consumed here (1) or not one (0). The references an
  * alloc or a lookup took for us are released (the release's own reply is dropped the same
  * way), so that a slow daemon cannot make a client leak pages it never learned about. */
@@ -377,18 +385,10 @@ static int kvc_late(kvc_t *c, Kvd__Reply *r)
     else if (refs && r->status == KVD__STATUS__OK && r->body_case == KVD__REPLY__BODY_LOOKUP)
         pages = r->lookup->pages, n = r->lookup->n_pages;
     uint64_t rid;
-    if (n && kvc_release_send(c, pages, n, &rid) == KV_ERR_OK && c->nlate < KVC_LATE_MAX)
-        c->late[c->nlate].id = rid, c->late[c->nlate++].refs = 0;
+    if (n && kvc_release_send(c, pages, n, &rid) == KV_ERR_OK)
+        kvc_late_add(c, rid, 0);
     kvd__reply__free_unpacked(r, NULL);
     return 1;
-}
-
-static void kvc_late_add(kvc_t *c, uint64_t id, int refs)
-{
-    if (c->nlate == KVC_LATE_MAX) /* forget the oldest: its reply will be stashed */
-        memmove(c->late, c->late + 1, sizeof c->late[0] * (KVC_LATE_MAX - 1)), c->nlate--;
-    c->late[c->nlate].id = id;
-    c->late[c->nlate++].refs = refs;
 }
 
 kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
@@ -553,7 +553,6 @@ static kv_err_t kvc_recv_fds(kvc_t *c, const char *path, int *fds, int *nfds)
  * no size to check). */
 static kv_err_t kvc_check_desc(kvc_t *c, const Kvd__PoolDesc *p, size_t i, int dir, int fd)
 {
-    uint64_t need;
     if (dir) {
         if (c->dir)
             return kvc_fail(c, KV_ERR_MALFORMED, "pool descriptor %zu: a second directory", i);
@@ -561,7 +560,6 @@ static kv_err_t kvc_check_desc(kvc_t *c, const Kvd__PoolDesc *p, size_t i, int d
             return kvc_fail(c, KV_ERR_MALFORMED,
                             "pool descriptor %zu: a directory of %u entries in %llu bytes", i,
                             p->pages, (unsigned long long)p->bytes);
-        need = p->bytes;
     } else {
         if ((unsigned)p->format >= KV_FMT_COUNT)
             return kvc_fail(c, KV_ERR_MALFORMED, "pool descriptor %zu: format %d", i,
@@ -573,13 +571,12 @@ static kv_err_t kvc_check_desc(kvc_t *c, const Kvd__PoolDesc *p, size_t i, int d
                             "geometry says %llu-byte pages)",
                             i, p->pages, (unsigned long long)p->page_bytes,
                             (unsigned long long)p->bytes, (unsigned long long)pb);
-        need = p->bytes;
     }
     struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_size < need)
+    if (fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_size < p->bytes)
         return kvc_fail(c, KV_ERR_MALFORMED,
                         "pool descriptor %zu: %llu bytes, but its fd holds %lld", i,
-                        (unsigned long long)need, (long long)st.st_size);
+                        (unsigned long long)p->bytes, (long long)st.st_size);
     return KV_ERR_OK;
 }
 

@@ -88,11 +88,22 @@ static const char *fmtname(int f)
     return f == 0 ? "fp8" : f == 1 ? "tq3" : "?";
 }
 
-static int parse_u32(const char *s, uint32_t *out)
+/* a decimal number of at most `max`: no sign, nothing after it */
+static int parse_num(const char *s, uint64_t max, uint64_t *out)
 {
     char *end;
+    errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *end || v > UINT32_MAX)
+    if (!*s || *s == '-' || *end || errno || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_u32(const char *s, uint32_t *out)
+{
+    uint64_t v;
+    if (parse_num(s, UINT32_MAX, &v))
         return -1;
     *out = (uint32_t)v;
     return 0;
@@ -494,10 +505,7 @@ int main(int argc, char **argv)
     } else if (!strcmp(cmd, "sessions") && !strcmp(sub, "fence") && nargs == 3) {
         req.body_case = KVD__REQUEST__BODY_SESSION_FENCE;
         req.session_fence = &sf;
-        char *end = NULL;
-        errno = 0;
-        sf.session_id = strtoull(args[2], &end, 10);
-        if (errno || !end || *end || args[2][0] == '-' || sf.session_id == 0) {
+        if (parse_num(args[2], UINT64_MAX, &sf.session_id) || sf.session_id == 0) {
             fprintf(stderr, "kvctl: sessions fence: SESSION must be a session id (kvctl "
                             "sessions)\n");
             return 2;

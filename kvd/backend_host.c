@@ -9,9 +9,10 @@
  * ids. F_SEAL_FUTURE_WRITE (Linux ≥ 5.1) forbids new writable mappings while keeping the
  * daemon's own, which is exactly "the daemon is the only writer". On an older kernel that seal
  * fails and the directory stays unsealed (exp.dir_sealed = 0, and the server warns; clients
- * are still told to map it PROT_READ); the grow/shrink seals are required. Last, F_SEAL_SEAL on every memfd: without it
- * any client could add seals of its own to the fd it received — F_SEAL_FUTURE_WRITE on a pool
- * would make every later client's read-write mapping fail until the daemon restarts.
+ * are still told to map it PROT_READ); the grow/shrink seals are required. Last, F_SEAL_SEAL
+ * on every memfd: without it any client could add seals of its own to the fd it received —
+ * F_SEAL_FUTURE_WRITE on a pool would make every later client's read-write mapping fail until
+ * the daemon restarts.
  *
  * Conversions run synchronously with the CPU twins (kv_page_retier / kv_page_promote), so
  * sync() has nothing to wait for.

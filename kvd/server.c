@@ -489,6 +489,14 @@ static kvd_sess_t *kvd_sess_by_rid(kvd_server_t *s, const uint8_t *rid, size_t l
     return NULL;
 }
 
+static kvd_sess_t *kvd_sess_by_sid(kvd_server_t *s, uint64_t sid)
+{
+    for (kvd_sess_t *x = s->sessions; x; x = x->next)
+        if (x->sid == sid)
+            return x;
+    return NULL;
+}
+
 static kvd_sess_t *kvd_sess_by_pid(kvd_server_t *s, int32_t pid)
 {
     for (kvd_sess_t *x = s->sessions; x; x = x->next)
@@ -1253,9 +1261,7 @@ static kv_err_t kvd_op_session_fence(kvd_req_ctx_t *c)
 {
     kvd_server_t *s = c->s;
     const uint64_t sid = c->req->session_fence->session_id;
-    kvd_sess_t *x = s->sessions;
-    while (x && x->sid != sid)
-        x = x->next;
+    kvd_sess_t *x = kvd_sess_by_sid(s, sid);
     if (!x)
         return kvd_fail(c, KV_ERR_NO_SESSION, "session %" PRIu64 " does not exist", sid);
     int e = kvd_core_session_fence(s->core, sid);

@@ -111,7 +111,8 @@ static void *fake_router(void *arg)
     return NULL;
 }
 
-/* The fd socket: one peer, the mode's answer. */
+/* The fd socket: one peer, the mode's answer. Its own sendmsg rather than kvd/fdpass.c's
+ * kvd_fdpass_send, which refuses more than 8 fds: the lie this test needs to tell. */
 static void *fake_fds(void *arg)
 {
     fake_t *f = arg;
