@@ -82,6 +82,7 @@ struct kvd_server_s {
     uv_poll_t fds_poll;
     char fds_path[256];
     char sock_path[256];
+    int ep_lock, snap_lock; /* kvd_lock_file fds: the endpoint's and snapshot_dir's, or -1 */
     uv_timer_t epoch_timer, lease_timer, lifecycle_timer;
     kvd_lc_t *lc;             /* lifecycle controller (lifecycle.h); ticks on lifecycle_timer */
     kvd_events_t *events;     /* index event publisher (events.h); NULL when events are off */
@@ -1710,8 +1711,40 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
     }
     s->loop = loop;
     s->cfg = cfg;
-    s->fds_listen = -1;
+    s->fds_listen = s->ep_lock = s->snap_lock = -1;
     s->start_ns = kvd_mono_ns();
+    /* One daemon per endpoint and per snapshot_dir, settled before anything is allocated or
+     * touched: a second kvd binding the same path took the socket file from the first and, at
+     * its exit, unlinked it, leaving the first running but unreachable (and two writers in one
+     * snapshot_dir). The locks are held until the process ends. */
+    char lock_path[512];
+    snprintf(s->sock_path, sizeof s->sock_path, "%s", cfg->endpoint + 6);
+    if (snprintf(s->fds_path, sizeof s->fds_path, "%s.fds", s->sock_path) >=
+        (int)sizeof s->fds_path) {
+        snprintf(err, errlen, "endpoint path too long");
+        goto fail;
+    }
+    if (kvd_prepare_ipc_dir(s->sock_path, err, errlen) != 0)
+        goto fail;
+    snprintf(lock_path, sizeof lock_path, "%s.lock", s->sock_path);
+    s->ep_lock = kvd_lock_file(lock_path, cfg->endpoint, err, errlen);
+    if (s->ep_lock < 0)
+        goto fail;
+    if (cfg->snapshot_dir[0]) {
+        if (mkdir(cfg->snapshot_dir, 0700) != 0 && errno != EEXIST) {
+            snprintf(err, errlen, "snapshot_dir: mkdir(%s, 0700) failed: %s", cfg->snapshot_dir,
+                     strerror(errno));
+            goto fail;
+        }
+        if (snprintf(lock_path, sizeof lock_path, "%s/lock", cfg->snapshot_dir) >=
+            (int)sizeof lock_path) {
+            snprintf(err, errlen, "snapshot_dir path too long");
+            goto fail;
+        }
+        s->snap_lock = kvd_lock_file(lock_path, "snapshot_dir", err, errlen);
+        if (s->snap_lock < 0)
+            goto fail;
+    }
     randombytes_buf(&s->instance, sizeof s->instance);
     kvd_log_set_level(cfg->log_level);
     if (kvd_admit_init(&s->admit, cfg->admit_uids, cfg->admit_gids) != 0) {
@@ -1775,15 +1808,6 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
         kvd_snap_ident(&s->snap_id, s->core, cfg->namespace, s->salt);
         kvd_server_snapshot_load(s);
     }
-
-    snprintf(s->sock_path, sizeof s->sock_path, "%s", cfg->endpoint + 6);
-    if (snprintf(s->fds_path, sizeof s->fds_path, "%s.fds", s->sock_path) >=
-        (int)sizeof s->fds_path) {
-        snprintf(err, errlen, "endpoint path too long");
-        goto fail;
-    }
-    if (kvd_prepare_ipc_dir(s->sock_path, err, errlen) != 0)
-        goto fail;
 
     s->zctx = zmq_ctx_new();
     if (!s->zctx) {
@@ -1945,6 +1969,10 @@ void kvd_server_free(kvd_server_t **ps)
     }
     if (s->sock_path[0] && s->router)
         unlink(s->sock_path);
+    if (s->snap_lock >= 0)
+        close(s->snap_lock);
+    if (s->ep_lock >= 0)
+        close(s->ep_lock);
     kvd_lc_free(&s->lc);
     kvd_core_free(&s->core);
     sodium_memzero(s->salt, sizeof s->salt);

@@ -12,6 +12,11 @@
 #include <string.h>
 #include <time.h>
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include "kv_format.h"
 
 void kvd_panic_at(const char *file, int line, const char *func, const char *fmt, ...)
@@ -239,4 +244,35 @@ uint64_t kvd_mono_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int kvd_lock_file(const char *path, const char *what, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        kvd_fmt(err, errlen, "%s: cannot open lock file %s: %s", what, path, strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int e = errno;
+        char pid[32] = "";
+        const ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        if (e == EWOULDBLOCK)
+            kvd_fmt(err, errlen, "%s is in use by another kvd (pid %s, lock file %s): stop it or "
+                    "give this one its own", what, pid[0] ? pid : "unknown", path);
+        else
+            kvd_fmt(err, errlen, "%s: flock(%s) failed: %s", what, path, strerror(e));
+        close(fd);
+        return -1;
+    }
+    char buf[32];
+    const int len = snprintf(buf, sizeof buf, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, buf, (size_t)len, 0) != len) {
+        kvd_fmt(err, errlen, "%s: writing lock file %s failed: %s", what, path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
 }

@@ -41,6 +41,14 @@ KVD_NORETURN void kvd_panic_at(const char *file, int line, const char *func, con
             kvd_panic_at(__FILE__, __LINE__, __func__, "assertion failed: %s", #cond);             \
     } while (0)
 
+/* ---- single-instance lock ----------------------------------------------------------------- */
+/* An exclusive flock on PATH (created 0600, O_NOFOLLOW), which then holds this process's pid as
+ * text. Returns the open fd, kept for the process's life (the kernel drops the lock when the
+ * process ends, however it ends), or -1 with err naming WHAT and the holder's pid. The file is
+ * never unlinked: a daemon unlinking it at exit could let a third one lock a new inode while a
+ * second still holds the old one. */
+int kvd_lock_file(const char *path, const char *what, char *err, size_t errlen);
+
 /* ---- allocation wrapper ------------------------------------------------------------------ */
 void *kvd_malloc(size_t n);
 void *kvd_calloc(size_t nmemb, size_t size); /* overflow-checked */

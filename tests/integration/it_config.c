@@ -136,11 +136,48 @@ static void test_kvctl_config_get_set(void **state)
     kvc_close(&c);
 }
 
+/* One daemon per endpoint and per snapshot_dir (kvd_lock_file): a second kvd on the first's
+ * endpoint, or with its snapshot_dir, exits 1 naming the first's pid, and leaves the first's
+ * socket files in place (it used to take the socket over and unlink it at its exit). */
+static void test_second_daemon_refused(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    char snap[400], out2[400], ep2[420];
+    itest_tmpdir(snap, sizeof snap, "kvd-it-lock");
+    const char *extra[] = {"--snapshot_dir", snap, NULL};
+    itest_kvd_start(&k, extra);
+    static char out[65536];
+    char pid[32];
+    snprintf(pid, sizeof pid, "pid %d", (int)k.pid);
+    const char *same_ep[] = {KVD_BIN, "--endpoint", k.endpoint, NULL};
+    assert_int_equal(itest_run(same_ep, out, sizeof out), 1);
+    if (!strstr(out, "in use by another kvd") || !strstr(out, pid))
+        fail_msg("second kvd on one endpoint: %s", out);
+    itest_tmpdir(out2, sizeof out2, "kvd-it-lock2");
+    snprintf(ep2, sizeof ep2, "ipc://%s/kvd.sock", out2);
+    const char *same_snap[] = {KVD_BIN, "--endpoint", ep2, "--snapshot_dir", snap, NULL};
+    assert_int_equal(itest_run(same_snap, out, sizeof out), 1);
+    if (!strstr(out, "snapshot_dir is in use by another kvd") || !strstr(out, pid))
+        fail_msg("second kvd on one snapshot_dir: %s", out);
+    /* the first still answers, on socket files the second did not remove */
+    const char *st[] = {"status", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, st), 0);
+    /* once it is gone, its endpoint and snapshot_dir are free again (the lock files stay) */
+    assert_int_equal(itest_kvd_down(&k), 0);
+    itest_kvd_up(&k, extra);
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, st), 0);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    itest_rmtree(out2);
+    itest_rmtree(snap);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_and_check_config),
         cmocka_unit_test(test_kvctl_config_get_set),
+        cmocka_unit_test(test_second_daemon_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
