@@ -90,8 +90,10 @@ int kvd_core_init(kvd_core_t **out, const kvd_core_opts_t *o, char *err, size_t 
     }
     uint64_t nlog = o->logical_ids ? o->logical_ids
                                    : (uint64_t)o->pages[KV_FMT_FP8] + o->pages[KV_FMT_TQ3];
-    if (rc == KV_ERR_OK && (nlog == 0 || nlog >= KVD_NONE)) {
-        kvd_fmt(err, errlen, "logical ids must be in 1 .. 2^32-2");
+    if (rc == KV_ERR_OK &&
+        (nlog < (uint64_t)o->pages[KV_FMT_FP8] + o->pages[KV_FMT_TQ3] || nlog >= KVD_NONE)) {
+        kvd_fmt(err, errlen, "logical ids must be in pages[FP8] + pages[TQ3] .. 2^32-2 (every "
+                "physical page may need an id)");
         rc = KV_ERR_INVALID_ARGUMENT;
     }
     if (rc == KV_ERR_OK && sodium_init() < 0) {
@@ -221,22 +223,23 @@ int kvd_core_alloc(kvd_core_t *c, uint64_t sid, uint32_t n, uint32_t *logical_ou
     int rc = session_reserve(c, s, n);
     if (rc != KV_ERR_OK)
         return rc;
-    if (c->nlfree < n)
-        kvd_core_collect(c);
-    if (c->nlfree < n) {
-        c->st.alloc_exhausted++;
-        return kvd__fail(c, KV_ERR_RESOURCE_EXHAUSTED,
-                         "alloc: asked %u pages but only %u logical ids are free of %u (raise "
-                         "logical_ids, or retry after clients report epochs)",
-                         n, c->nlfree, c->nlogical);
-    }
+    /* Physical pages first: ensure_free evicts FP8 cache entries, and an evicted entry gives
+     * back its logical id too. Ids are never scarcer than free FP8 pages (kvd_core_init keeps
+     * logical_ids ≥ both pools, and an id in use holds at least one physical page), so ids need
+     * no eviction of their own. Checking ids first, as this did, refused every alloc once the
+     * pools were all cache (no TQ3 pool, or a TQ3 pool full of retiered entries, or a restart
+     * from a full snapshot), with the evictable entries right there. */
     rc = kvd__ensure_free(c, KV_FMT_FP8, n, KVD_NONE);
     if (rc != KV_ERR_OK) {
         c->st.alloc_exhausted++;
         return rc;
     }
-    if (c->nlfree < n) /* eviction cannot consume ids, but say so if it ever does */
-        KVD_PANIC("logical ids vanished during eviction");
+    if (c->nlfree < n) { /* the bound above says this cannot happen; refuse, do not panic */
+        c->st.alloc_exhausted++;
+        return kvd__fail(c, KV_ERR_INTERNAL,
+                         "alloc: %u FP8 pages free but only %u of %u logical ids", n, c->nlfree,
+                         c->nlogical);
+    }
     uint64_t now = kvd__now(c);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t lid = kvd__logical_alloc(c);

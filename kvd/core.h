@@ -60,7 +60,7 @@ typedef struct kvd_core_opts_s {
     kv_geom_t geom;
     uint32_t pages[KV_FMT_COUNT];             /* physical pages per format; FP8 ≥ 1 */
     uint32_t cache_quota_pages[KV_FMT_COUNT]; /* max cache entries per format (≤ pages[f]) */
-    uint32_t logical_ids;   /* directory entries; 0 = pages[FP8] + pages[TQ3] */
+    uint32_t logical_ids;   /* directory entries (≥ the pools); 0 = pages[FP8] + pages[TQ3] */
     uint8_t hash_key[KVD_HASH_KEY_BYTES]; /* namespace salt (secret; keys BLAKE2b) */
     const char *backend;    /* "host" (default when NULL) or "cuda"; ignored if backend_obj */
     kvd_backend_t *backend_obj; /* optional: a backend made by the caller; the core takes

@@ -343,6 +343,45 @@ static void test_eviction_order(void **state)
     kvd_core_free(&c);
 }
 
+/* Pools that are all cache still serve allocs by eviction: with no TQ3 pool, and with a TQ3
+ * pool full of retiered entries. alloc used to check free logical ids before evicting, and ids
+ * equal free pages of both pools, so it refused for good (review, session 11). */
+static void test_all_cache_allocates(void **state)
+{
+    (void)state;
+    for (int tq3 = 0; tq3 < 2; tq3++) {
+        kvd_core_opts_t o;
+        fx_opts(&o);
+        kv_geom_t g = fx_geom();
+        kvd_core_opts_default(&o, &g, FX_FP8, tq3 ? FX_TQ3 : 0);
+        o.now_ns = fx_now;
+        for (int i = 0; i < KVD_HASH_KEY_BYTES; i++)
+            o.hash_key[i] = (uint8_t)(i * 7 + 1);
+        kvd_core_t *c = fx_core_opts(&o);
+        uint64_t a;
+        FX_OK(kvd_core_session_open(c, 1, 0, &a));
+        uint32_t ids[FX_FP8 + FX_TQ3];
+        const uint32_t n = FX_FP8 + (tq3 ? FX_TQ3 : 0);
+        cache_pages(c, a, FX_FP8, 40, ids);
+        if (tq3) { /* five retiered, their FP8 pages refilled with five more entries */
+            for (uint32_t i = 0; i < FX_TQ3; i++)
+                FX_OK(kvd_core_convert(c, ids[i], KV_FMT_TQ3));
+            fx_quiesce(c, a);
+            cache_pages(c, a, FX_TQ3, 40 + FX_FP8, ids + FX_FP8);
+        }
+        fx_quiesce(c, a);
+        kvd_core_collect(c);
+        assert_int_equal(fx_stats(c).cache_entries, n);
+        assert_int_equal(c->nlfree, 0); /* every id is a cache entry's */
+        uint32_t got[3];
+        FX_OK(kvd_core_alloc(c, a, 3, got));
+        assert_int_equal(fx_stats(c).evictions_pressure, 3);
+        assert_int_equal(fx_stats(c).cache_entries, n - 3);
+        FX_CHECK(c);
+        kvd_core_free(&c);
+    }
+}
+
 static void test_quota_pin_admin(void **state)
 {
     kvd_core_opts_t o;
@@ -445,6 +484,7 @@ int main(void)
         cmocka_unit_test(test_seal_dedupe),
         cmocka_unit_test(test_refs_cap),
         cmocka_unit_test(test_eviction_order),
+        cmocka_unit_test(test_all_cache_allocates),
         cmocka_unit_test(test_quota_pin_admin),
         cmocka_unit_test(test_cached_page_changes_format),
     };
