@@ -995,6 +995,20 @@ kv_err_t kvc_seq_close(kvc_t *c, uint64_t seq)
     return e;
 }
 
+kv_err_t kvc_goodbye(kvc_t *c, uint64_t *released)
+{
+    KVC_REQ(GOODBYE, goodbye, Kvd__GoodbyeReq, KVD__GOODBYE_REQ__INIT);
+    Kvd__Reply *rep;
+    kv_err_t e = kvc_call(c, &req, &rep);
+    if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_GOODBYE)) == KV_ERR_OK) {
+        c->session = 0;
+        if (released)
+            *released = rep->goodbye->released;
+    }
+    kvc_reply_free(&rep);
+    return e;
+}
+
 kv_err_t kvc_heartbeat(kvc_t *c, uint64_t completed_epoch)
 {
     KVC_REQ(HEARTBEAT, heartbeat, Kvd__HeartbeatReq, KVD__HEARTBEAT_REQ__INIT);

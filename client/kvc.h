@@ -139,6 +139,13 @@ kv_err_t kvc_seq_open(kvc_t *c, const char *tag, uint64_t *seq);
 kv_err_t kvc_seq_append(kvc_t *c, uint64_t seq, const uint32_t *pages, size_t n);
 kv_err_t kvc_seq_close(kvc_t *c, uint64_t seq);
 kv_err_t kvc_heartbeat(kvc_t *c, uint64_t completed_epoch);
+/* End the session now, as the process's exit would (GoodbyeReq): its references are dropped,
+ * its sequences closed, and it stops holding back page recycling. Call it only when no kernel
+ * this client launched on the pools is still in flight (synchronize first). The mappings stay;
+ * calls that need a session fail with NO_SESSION until kvc_hello. *released (may be NULL): the
+ * request references the session held. kvc_close does not say goodbye: it cannot know whether
+ * kernels are still running. */
+kv_err_t kvc_goodbye(kvc_t *c, uint64_t *released);
 
 /* Pipelined halves of the hot calls. */
 kv_err_t kvc_alloc_send(kvc_t *c, kv_fmt_t f, uint32_t n, uint64_t *id);

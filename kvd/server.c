@@ -878,6 +878,30 @@ static kv_err_t kvd_op_heartbeat(kvd_req_ctx_t *c)
     return KV_ERR_OK;
 }
 
+/* The client ends its session (GoodbyeReq: none of its kernels is in flight), as its exit
+ * would, so that an engine closing one of several clients does not keep a session that holds
+ * back recycling and counts against max_sessions_per_pid until the process ends. */
+static kv_err_t kvd_op_goodbye(kvd_req_ctx_t *c)
+{
+    kvd_server_t *s = c->s;
+    kvd_sess_t *x = c->sess;
+    kvd_session_info_t si;
+    memset(&si, 0, sizeof si);
+    kvd_core_session_info(s->core, x->sid, &si);
+    int e = kvd_core_session_close(s->core, x->sid);
+    if (e != KV_ERR_OK)
+        return kvd_core_fail(c, e);
+    KVD_LOGI("session %" PRIu64 " (pid %d '%s') said goodbye: released %" PRIu64 " refs",
+             x->sid, (int)x->pid, x->name, si.loose_refs + si.seq_refs);
+    kvd_sess_unlink(s, x);
+    uv_poll_stop(&x->poll);
+    uv_close((uv_handle_t *)&x->poll, kvd_sess_closed); /* x is freed on the next iteration */
+    c->sess = NULL;
+    KVD_BODY(c, Kvd__GoodbyeRep, KVD__GOODBYE_REP__INIT, goodbye, GOODBYE);
+    b_->released = si.loose_refs + si.seq_refs;
+    return KV_ERR_OK;
+}
+
 /* ---- admin operations -------------------------------------------------------------------- */
 static kv_err_t kvd_op_status(kvd_req_ctx_t *c)
 {

@@ -48,6 +48,7 @@
     XX(SEQ_APPEND, seq_append, 1, 0)                                                               \
     XX(SEQ_CLOSE, seq_close, 1, 0)                                                                 \
     XX(HEARTBEAT, heartbeat, 1, 0)                                                                 \
+    XX(GOODBYE, goodbye, 1, 0)                                                                     \
     XX(STATUS, status, 0, 1)                                                                       \
     XX(SESSIONS, sessions, 0, 1)                                                                   \
     XX(CACHE_LS, cache_ls, 0, 1)                                                                   \

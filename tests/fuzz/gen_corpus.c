@@ -61,6 +61,9 @@ int main(int argc, char **argv)
     hb.completed_epoch = 9;
     r.body_case = KVD__REQUEST__BODY_HEARTBEAT, r.heartbeat = &hb;
     emit(dir, "heartbeat", &r);
+    Kvd__GoodbyeReq gb = KVD__GOODBYE_REQ__INIT;
+    r.body_case = KVD__REQUEST__BODY_GOODBYE, r.goodbye = &gb;
+    emit(dir, "goodbye", &r);
     Kvd__ConfigSetReq cs = KVD__CONFIG_SET_REQ__INIT;
     cs.key = "lease_ms", cs.value = "1000";
     r.body_case = KVD__REQUEST__BODY_CONFIG_SET, r.config_set = &cs;

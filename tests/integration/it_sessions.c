@@ -326,6 +326,48 @@ static void test_fence_silent_session(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* kvc_goodbye ends a session at once, as its process's exit would: its pages are released
+ * and it stops holding back recycling (the fence test's silent A, without an operator), and a
+ * process may open and close more clients than max_sessions_per_pid over its life. */
+static void test_goodbye(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *a = itest_connect(&k, "closing A");
+    kvc_t *b = itest_connect(&k, "busy B");
+    uint32_t pages[32];
+    assert_int_equal(kvc_alloc(a, KV_FMT_FP8, 5, pages), KV_ERR_OK);
+    uint64_t seq;
+    assert_int_equal(kvc_seq_open(a, "s", &seq), KV_ERR_OK);
+    assert_int_equal(kvc_seq_append(a, seq, pages, 2), KV_ERR_OK);
+    uint64_t released = 0;
+    assert_int_equal(kvc_goodbye(a, &released), KV_ERR_OK);
+    assert_int_equal(released, 5); /* 3 loose + 2 moved into the sequence */
+    assert_int_equal(kvc_session_id(a), 0);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    assert_int_equal(kvc_alloc(a, KV_FMT_FP8, 1, pages), KV_ERR_NO_SESSION);
+    /* A never reported an epoch, yet B recycles the whole 256-page pool many times over */
+    for (int r = 0; r < 40; r++) {
+        assert_int_equal(kvc_alloc(b, KV_FMT_FP8, 32, pages), KV_ERR_OK);
+        assert_int_equal(kvc_release(b, pages, 32), KV_ERR_OK);
+    }
+    /* more open/close cycles than max_sessions_per_pid (64) */
+    for (int i = 0; i < 70; i++) {
+        assert_int_equal(kvc_hello(a, NULL, "A again", 1), KV_ERR_OK);
+        assert_int_equal(kvc_goodbye(a, NULL), KV_ERR_OK);
+    }
+    char out[4096];
+    const char *list[] = {"sessions", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, list), 0);
+    assert_null(strstr(out, "A again"));
+    assert_non_null(strstr(out, "busy B"));
+    kvc_close(&a);
+    kvc_close(&b);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -335,6 +377,7 @@ int main(void)
         cmocka_unit_test(test_sessions_per_pid),
         cmocka_unit_test(test_late_reply_released),
         cmocka_unit_test(test_fence_silent_session),
+        cmocka_unit_test(test_goodbye),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
