@@ -1011,21 +1011,31 @@ int kvd_snap_salt_load(const char *dir, uint8_t salt[KVD_HASH_KEY_BYTES], int *c
             return KV_ERR_INTERNAL;
         }
         randombytes_buf(salt, KVD_HASH_KEY_BYTES);
-        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        /* written as salt.tmp and renamed: created in place, a crash between the open and the
+         * fsync left a short salt that every later start refused (a crash loop until an
+         * operator deleted it). A leftover salt.tmp was never used by any snapshot. */
+        char tmp[1040];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0) {
-            kvd_fmt(err, errlen, "creating %s failed: %s", path, strerror(errno));
+            kvd_fmt(err, errlen, "creating %s failed: %s", tmp, strerror(errno));
             return KV_ERR_IO;
         }
         struct iovec v = {salt, KVD_HASH_KEY_BYTES};
         int rc = write_all(fd, &v, 1, err, errlen);
         if (rc == KV_ERR_OK && fsync(fd) != 0) {
-            kvd_fmt(err, errlen, "fsync(%s) failed: %s", path, strerror(errno));
+            kvd_fmt(err, errlen, "fsync(%s) failed: %s", tmp, strerror(errno));
             rc = KV_ERR_IO;
         }
         close(fd);
+        if (rc == KV_ERR_OK && rename(tmp, path) != 0) {
+            kvd_fmt(err, errlen, "rename(%s, %s) failed: %s", tmp, path, strerror(errno));
+            rc = KV_ERR_IO;
+        }
         if (rc == KV_ERR_OK)
             rc = snap_fsync_dir(dir, err, errlen);
         if (rc != KV_ERR_OK) {
+            unlink(tmp);
             unlink(path);
             sodium_memzero(salt, KVD_HASH_KEY_BYTES);
             return rc;

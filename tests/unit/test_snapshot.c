@@ -897,6 +897,18 @@ static void test_salt_file(void **state)
     chmod(path, 0600);
     assert_int_equal(kvd_snap_salt_load(dir, s2, &created, err, sizeof(err)), KV_ERR_IO);
     assert_non_null(strstr(err, "exactly 32 bytes"));
+    /* what a crash while creating it leaves now: salt.tmp, no salt; the next start makes one */
+    char dir2[120], tmp[140];
+    snprintf(dir2, sizeof(dir2), "%s/snaps2", tdir);
+    assert_int_equal(mkdir(dir2, 0700), 0);
+    snprintf(tmp, sizeof(tmp), "%s/salt.tmp", dir2);
+    write_file(tmp, s1, 5);
+    SNAP_OK(kvd_snap_salt_load(dir2, s2, &created, err, sizeof(err)));
+    assert_int_equal(created, 1);
+    assert_int_not_equal(stat(tmp, &st), 0); /* renamed over, not left behind */
+    snprintf(path, sizeof(path), "%s/salt", dir2);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_size, 32);
 }
 
 int main(void)
