@@ -2,19 +2,126 @@
  *
  * Values are always set through kvd_config_set(), defaults included, so a default that breaks
  * its own bounds fails kvd_config_init() at once instead of shipping silently.
+ *
+ * Everything the daemon would refuse at startup about a single value is refused here too, by
+ * the row's check (kvd_cfg_chk_*): an operator runs `kvd --check-config` (systemd's
+ * ExecStartPre, kvd-node) to learn what is wrong before a start, and a check that passed a
+ * value the daemon then refused sent them to the journal for the reason, without a line number.
+ * The daemon keeps its own checks (they cost nothing and guard callers that skip this file).
  */
 #include "config.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <uv.h>
+
+static int kvd_cfg_err(char *err, size_t cap, const char *fmt, ...);
+
+/* Digits only (no sign, space or '+', which strtoull would take), nothing after them. */
+static int kvd_cfg_dec(const char *s, uint64_t *out)
+{
+    if (!isdigit((unsigned char)*s))
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* ---- value checks (the table's `check` column) -------------------------------------------- */
+
+#define KVD_CFG_SUN_PATH (sizeof((struct sockaddr_un *)0)->sun_path)
+/* The control endpoint's path must fit sockaddr_un with ".fds" appended: the daemon binds the
+ * fd-handover socket PATH.fds beside it (PATH.lock, the other companion, is a plain file). */
+#define KVD_CFG_IPC_MAX (KVD_CFG_SUN_PATH - sizeof ".fds")
+
+/* ipc://PATH only: peers are identified by SO_PEERCRED, which only a Unix socket has. */
+static int kvd_cfg_chk_ipc(const char *key, const char *v, char *err, size_t cap)
+{
+    if (strncmp(v, "ipc://", 6) != 0)
+        return kvd_cfg_err(err, cap,
+                           "'%s' = '%s': only ipc://PATH is supported (peer credentials come "
+                           "from SO_PEERCRED)",
+                           key, v);
+    if (!v[6])
+        return kvd_cfg_err(err, cap, "'%s' = '%s' names no socket path", key, v);
+    if (strlen(v + 6) > KVD_CFG_IPC_MAX)
+        return kvd_cfg_err(err, cap,
+                           "'%s': socket path of %zu bytes is too long (at most %zu: PATH.fds "
+                           "must fit a Unix socket address)",
+                           key, strlen(v + 6), (size_t)KVD_CFG_IPC_MAX);
+    return 0;
+}
+
+/* The events PUB socket: what kvd/events.c prepares, ipc://PATH (its directory made 0700) or
+ * tcp://HOST:PORT; empty is off. zmq itself would take more schemes, none of them tested. */
+static int kvd_cfg_chk_pub(const char *key, const char *v, char *err, size_t cap)
+{
+    if (!*v)
+        return 0;
+    if (!strncmp(v, "ipc://", 6)) {
+        if (!v[6])
+            return kvd_cfg_err(err, cap, "'%s' = '%s' names no socket path", key, v);
+        if (strlen(v + 6) >= KVD_CFG_SUN_PATH)
+            return kvd_cfg_err(err, cap,
+                               "'%s': socket path of %zu bytes is too long (at most %zu fit a "
+                               "Unix socket address)",
+                               key, strlen(v + 6), (size_t)KVD_CFG_SUN_PATH - 1);
+        return 0;
+    }
+    if (!strncmp(v, "tcp://", 6)) {
+        const char *colon = strrchr(v + 6, ':'); /* the last: [::1]:PORT has more */
+        uint64_t port;
+        if (!colon || colon == v + 6 ||
+            (strcmp(colon + 1, "*") != 0 && /* "*": a port the system picks */
+             (kvd_cfg_dec(colon + 1, &port) != 0 || port > 65535)))
+            return kvd_cfg_err(err, cap,
+                               "'%s' = '%s': tcp:// wants HOST:PORT (PORT 0..65535 or *)", key, v);
+        return 0;
+    }
+    return kvd_cfg_err(err, cap, "'%s' = '%s': the scheme must be ipc:// or tcp:// (empty: off)",
+                       key, v);
+}
+
+/* What kvd/metrics.c hands libuv: a numeric IPv4 or IPv6 address, no host name. */
+static int kvd_cfg_chk_ipaddr(const char *key, const char *v, char *err, size_t cap)
+{
+    struct sockaddr_in a4;
+    struct sockaddr_in6 a6;
+    if (uv_ip4_addr(v, 0, &a4) != 0 && uv_ip6_addr(v, 0, &a6) != 0)
+        return kvd_cfg_err(err, cap, "'%s' = '%s' is not an IP address (a host name is not "
+                           "resolved)", key, v);
+    return 0;
+}
+
+/* A group of this host: the daemon gives it the socket files at startup (chown). */
+static int kvd_cfg_chk_group(const char *key, const char *v, char *err, size_t cap)
+{
+    if (!*v)
+        return 0;
+    errno = 0;
+    if (!getgrnam(v))
+        return kvd_cfg_err(err, cap, "'%s' = '%s': %s", key, v,
+                           errno ? strerror(errno) : "no such group on this host");
+    return 0;
+}
+
+#define kvd_cfg_chk_none NULL
 
 static const kvd_config_desc_t kvd_cfg_table[] = {
-#define KVD_CFG_ROW_(n, t, lo, hi, ch, def, mut, help)                                             \
-    {#n, KVD_CT_##t, (uint64_t)(lo), (uint64_t)(hi), ch, def, mut, help, offsetof(kvd_config_t, n)},
+#define KVD_CFG_ROW_(n, t, lo, hi, ch, def, mut, chk, help)                                        \
+    {#n, KVD_CT_##t, (uint64_t)(lo), (uint64_t)(hi), ch, def, mut, help,                           \
+     offsetof(kvd_config_t, n), kvd_cfg_chk_##chk},
     KVD_CONFIG_MAP(KVD_CFG_ROW_)
 #undef KVD_CFG_ROW_
 };
@@ -128,19 +235,13 @@ int kvd_config_set(kvd_config_t *c, const char *key, const char *value, int runt
     char *field = (char *)c + d->offset;
     switch (d->type) {
     case KVD_CT_U64: {
-        const char *p = value;
-        if (!isdigit((unsigned char)*p))
-            return kvd_cfg_err(err, cap, "'%s' wants a non-negative integer, got '%s'", key,
-                               value);
-        errno = 0;
-        char *end;
-        unsigned long long v = strtoull(p, &end, 10);
-        if (errno || *end)
+        uint64_t v;
+        if (kvd_cfg_dec(value, &v) != 0)
             return kvd_cfg_err(err, cap, "'%s' wants a non-negative integer, got '%s'", key,
                                value);
         if (v < d->min || v > d->max)
-            return kvd_cfg_err(err, cap, "'%s' = %llu is outside %" PRIu64 "..%" PRIu64, key, v,
-                               d->min, d->max);
+            return kvd_cfg_err(err, cap, "'%s' = %" PRIu64 " is outside %" PRIu64 "..%" PRIu64,
+                               key, v, d->min, d->max);
         if (d->choices[0] && !kvd_cfg_in_choices(d->choices, value))
             return kvd_cfg_err(err, cap, "'%s' must be one of %s, got '%s'", key, d->choices,
                                value);
@@ -160,11 +261,15 @@ int kvd_config_set(kvd_config_t *c, const char *key, const char *value, int runt
         *(int *)(void *)field = v;
         return KVD_CFG_OK;
     }
-    case KVD_CT_IDS:
-        if (kvd_config_ids(value, NULL, 0) < 0)
+    case KVD_CT_IDS: {
+        int n = kvd_config_ids(value, NULL, 0);
+        if (n < 0)
             return kvd_cfg_err(err, cap, "'%s' wants comma separated numeric ids, got '%s'", key,
                                value);
+        if ((uint64_t)n > d->max) /* the admission table is fixed-size (kvd/zap.h) */
+            return kvd_cfg_err(err, cap, "'%s' lists %d ids; at most %" PRIu64, key, n, d->max);
         goto store; /* stored as text, like STR */
+    }
     case KVD_CT_STR:
     store: {
         if (d->type == KVD_CT_STR && d->choices[0] && !kvd_cfg_in_choices(d->choices, value))
@@ -172,6 +277,8 @@ int kvd_config_set(kvd_config_t *c, const char *key, const char *value, int runt
                                value);
         if (strlen(value) > 4096)
             return kvd_cfg_err(err, cap, "'%s' is longer than 4096 bytes", key);
+        if (d->check && d->check(key, value, err, cap) != 0)
+            return KVD_CFG_BAD_VALUE;
         char *s = strdup(value);
         if (!s)
             return kvd_cfg_err(err, cap, "out of memory");
@@ -242,14 +349,41 @@ static char *kvd_cfg_trim(char *s)
     return s;
 }
 
+static const char *kvd_cfg_file_kind(mode_t m)
+{
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+                         : "not a regular file";
+}
+
 int kvd_config_load_file(kvd_config_t *c, const char *path, FILE *report)
 {
+    /* A directory opens and reads as empty on Linux, so `--config /etc/kvd/` ran on defaults
+     * without a word; stat first so that a FIFO is refused rather than waited on. */
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        if (report)
+            fprintf(report, "%s: cannot open: %s\n", path, strerror(errno));
+        return 1;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        if (report)
+            fprintf(report, "%s: is %s; a config file must be a regular file\n", path,
+                    kvd_cfg_file_kind(sb.st_mode));
+        return 1;
+    }
     FILE *f = fopen(path, "r");
     if (!f) {
         if (report)
             fprintf(report, "%s: cannot open: %s\n", path, strerror(errno));
         return 1;
     }
+    /* the line each directive was set on: a second one is an error, not a silent last-wins
+     * (two people editing one file each believed their value was the one in force) */
+    int set_at[KVD_CFG_N] = {0};
     int errors = 0, lineno = 0;
     char line[8192];
     while (fgets(line, sizeof line, f)) {
@@ -280,6 +414,16 @@ int kvd_config_load_file(kvd_config_t *c, const char *path, FILE *report)
         }
         *eq = '\0';
         char *key = kvd_cfg_trim(s), *val = kvd_cfg_trim(eq + 1);
+        const kvd_config_desc_t *d = kvd_config_find(key);
+        if (d && set_at[d - kvd_cfg_table]) {
+            if (report)
+                fprintf(report, "%s:%d: '%s' already set at line %d\n", path, lineno, key,
+                        set_at[d - kvd_cfg_table]);
+            errors++;
+            continue;
+        }
+        if (d)
+            set_at[d - kvd_cfg_table] = lineno;
         char err[512];
         if (kvd_config_set(c, key, val, 0, err, sizeof err)) {
             if (report)
@@ -298,6 +442,12 @@ void kvd_config_help(FILE *f)
         char arg[64];
         if (d->choices[0])
             snprintf(arg, sizeof arg, "%s", d->choices);
+        else if (d->type == KVD_CT_U64 && (d->min != 0 || d->max != UINT64_MAX))
+            snprintf(arg, sizeof arg, "%" PRIu64 "..%" PRIu64, d->min, d->max);
+        else if (d->type == KVD_CT_BOOL)
+            snprintf(arg, sizeof arg, "yes|no");
+        else if (d->type == KVD_CT_IDS)
+            snprintf(arg, sizeof arg, "ids (max %" PRIu64 ")", d->max);
         else
             snprintf(arg, sizeof arg, "%s", kvd_config_type_name(d->type));
         fprintf(f, "  --%-14s %-18s %s [default: %s]%s\n", d->name, arg, d->help,

@@ -26,7 +26,7 @@ static const char *const keys[] = {"endpoint", "backend", "namespace", "layers",
                                    "recent_pages", "anchor_pages", "retier_batch",
                                    "fp8_low_watermark", "cache_retier_ms",
                                    "events_endpoint", "events_hwm", "events_batch",
-                                   "events_tokens", NULL};
+                                   "events_tokens", "snapshot_dir", "snapshot_ms", NULL};
 
 static void test_help_and_check_config(void **state)
 {
@@ -40,6 +40,9 @@ static void test_help_and_check_config(void **state)
         if (!strstr(out, flag))
             fail_msg("kvd --help does not list %s", flag);
     }
+    /* and shows each integer's bounds, as docs/daemon.md says */
+    if (!strstr(out, "--layers") || !strstr(strstr(out, "--layers"), "1..1024"))
+        fail_msg("kvd --help does not show the bounds of layers:\n%s", out);
     /* the shipped example config is valid and documents every directive */
     const char *ok[] = {KVD_BIN, "--check-config", KVD_SOURCE_DIR "/deploy/kvd.conf", NULL};
     if (itest_run(ok, out, sizeof out) != 0)
@@ -136,6 +139,101 @@ static void test_kvctl_config_get_set(void **state)
     kvc_close(&c);
 }
 
+/* `kvd --check-config` on text written to a temporary file; its output into out. */
+static int check_text(const char *text, char *out, size_t cap, char *path, size_t pcap)
+{
+    snprintf(path, pcap, "/tmp/kvd-conf-XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    const char *chk[] = {KVD_BIN, "--check-config", path, NULL};
+    int rc = itest_run(chk, out, cap);
+    unlink(path);
+    return rc;
+}
+
+/* A value the daemon refused only at startup passed --check-config: each now fails the check
+ * naming FILE:LINE and the key, and fails the flag naming --key. */
+static void test_check_config_refuses_what_startup_refuses(void **state)
+{
+    (void)state;
+    static char out[65536];
+    char path[64], want[128];
+    char uids[512] = "admit_uids = ";
+    for (int i = 1; i <= 65; i++)
+        snprintf(uids + strlen(uids), sizeof uids - strlen(uids), "%s%d", i > 1 ? "," : "", i);
+    char longep[256] = "endpoint = ipc:///tmp/"; /* 6 + 104: PATH.fds no longer fits */
+    while (strlen(longep) < strlen("endpoint = ipc://") + 104)
+        strcat(longep, "x");
+    const struct {
+        const char *key, *line, *says;
+    } bad[] = {
+        {"endpoint", "endpoint = tcp://127.0.0.1:5555", "only ipc://"},
+        {"endpoint", "endpoint =", "only ipc://"},
+        {"endpoint", "endpoint = ipc://", "no socket path"},
+        {"endpoint", longep, "too long"},
+        {"metrics_addr", "metrics_addr = localhost", "not an IP address"},
+        {"socket_group", "socket_group = kvd-it-no-such-group", "no such group"},
+        {"events_endpoint", "events_endpoint = inproc://events", "ipc:// or tcp://"},
+        {"events_endpoint", "events_endpoint = tcp://127.0.0.1", "HOST:PORT"},
+        {"events_endpoint", "events_endpoint = tcp://127.0.0.1:70000", "HOST:PORT"},
+        {"admit_uids", uids, "at most 64"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "layers = 4\n%s\n", bad[i].line);
+        int rc = check_text(text, out, sizeof out, path, sizeof path);
+        snprintf(want, sizeof want, "%s:2: key '%s'", path, bad[i].key);
+        if (rc != 1 || !strstr(out, want) || !strstr(out, bad[i].says))
+            fail_msg("check-config of '%s': rc %d, wanted '%s' and '%s':\n%s", bad[i].line, rc,
+                     want, bad[i].says, out);
+    }
+    /* the same through flags: refused before anything starts, naming the flag */
+    const char *flag[] = {KVD_BIN, "--metrics_addr", "localhost", NULL};
+    assert_int_equal(itest_run(flag, out, sizeof out), 1);
+    if (!strstr(out, "--metrics_addr") || !strstr(out, "not an IP address"))
+        fail_msg("kvd --metrics_addr localhost: %s", out);
+    /* the limits are exact: 103 bytes of path, 64 ids, tcp with a port, ipc events pass */
+    char okep[256] = "endpoint = ipc:///tmp/";
+    while (strlen(okep) < strlen("endpoint = ipc://") + 103)
+        strcat(okep, "x");
+    uids[strrchr(uids, ',') - uids] = '\0';
+    char text[1024];
+    snprintf(text, sizeof text,
+             "%s\n%s\nevents_endpoint = tcp://127.0.0.1:5555\nmetrics_addr = ::1\n", okep,
+             uids);
+    if (check_text(text, out, sizeof out, path, sizeof path) != 0)
+        fail_msg("check-config refused values at the limits:\n%s", out);
+    assert_int_equal(check_text("events_endpoint = ipc:///tmp/kvd-ev/events.sock\n", out,
+                                sizeof out, path, sizeof path),
+                     0);
+}
+
+/* `--config DIR` read a directory as an empty file and ran on defaults; a directive set twice
+ * in one file silently took the last value. Both are errors now. */
+static void test_config_file_dir_and_duplicates(void **state)
+{
+    (void)state;
+    static char out[65536];
+    char dir[400], path[64], want[128];
+    itest_tmpdir(dir, sizeof dir, "kvd-it-confdir");
+    const char *chk[] = {KVD_BIN, "--check-config", dir, NULL};
+    assert_int_equal(itest_run(chk, out, sizeof out), 1);
+    if (!strstr(out, dir) || !strstr(out, "is a directory"))
+        fail_msg("kvd --check-config DIR: %s", out);
+    const char *run[] = {KVD_BIN, "--config", dir, NULL};
+    assert_int_equal(itest_run(run, out, sizeof out), 1);
+    if (!strstr(out, dir) || !strstr(out, "is a directory"))
+        fail_msg("kvd --config DIR: %s", out);
+    itest_rmtree(dir);
+    int rc = check_text("layers = 4\nkv_heads = 8\n# layers = 9\nlayers = 8\n", out, sizeof out,
+                        path, sizeof path);
+    snprintf(want, sizeof want, "%s:4: 'layers' already set at line 1", path);
+    if (rc != 1 || !strstr(out, want) || !strstr(out, "1 error"))
+        fail_msg("a duplicate key: rc %d, wanted '%s':\n%s", rc, want, out);
+}
+
 /* One daemon per endpoint and per snapshot_dir (kvd_lock_file): a second kvd on the first's
  * endpoint, or with its snapshot_dir, exits 1 naming the first's pid, and leaves the first's
  * socket files in place (it used to take the socket over and unlink it at its exit). */
@@ -178,6 +276,8 @@ int main(void)
         cmocka_unit_test(test_help_and_check_config),
         cmocka_unit_test(test_kvctl_config_get_set),
         cmocka_unit_test(test_second_daemon_refused),
+        cmocka_unit_test(test_check_config_refuses_what_startup_refuses),
+        cmocka_unit_test(test_config_file_dir_and_duplicates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
