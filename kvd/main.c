@@ -3,10 +3,12 @@
  *   kvd [--config FILE] [--KEY VALUE]...     run (flags override the file)
  *   kvd --check-config FILE                  parse FILE, report every error with its line; 0/1
  *   kvd --help | --version
+ * Every `--NAME VALUE` may also be written `--NAME=VALUE`, --config and --check-config included.
  *
  * SIGTERM / SIGINT: stop every handle, let the loop run dry, free everything and exit 0 (the
- * ASan build checks that nothing leaks on this path). The allocator is jemalloc (linked by
- * kvd/server.cmake in non-sanitizer builds).
+ * ASan build checks that nothing leaks on this path). SIGHUP is logged and ignored: kvd has no
+ * reload, and the default action (terminate) skipped the snapshot and left the socket files
+ * behind. The allocator is jemalloc (linked by kvd/server.cmake in non-sanitizer builds).
  */
 #include <signal.h>
 #include <stdio.h>
@@ -25,23 +27,64 @@ static void kvd_usage(FILE *f)
                "       kvd --check-config FILE\n"
                "       kvd --help | --version\n\n"
                "kvd serves one model namespace's KV-cache pages to the engine processes of this\n"
-               "host over ZeroMQ (docs/daemon.md). Directives, as flags or config-file lines\n"
-               "'key = value' (deploy/kvd.conf documents each):\n");
+               "host over ZeroMQ (docs/daemon.md). Directives, as flags (--key value or\n"
+               "--key=value) or config-file lines 'key = value' (deploy/kvd.conf documents\n"
+               "each); MIN..MAX are inclusive bounds; (runtime): `kvctl config set` changes it\n"
+               "in the running daemon, until it restarts:\n");
     kvd_config_help(f);
 }
 
 typedef struct kvd_main_s {
     kvd_server_t *srv;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup;
 } kvd_main_t;
+
+static void kvd_main_close_signals(kvd_main_t *m)
+{
+    uv_signal_t *hs[] = {&m->sigterm, &m->sigint, &m->sighup};
+    for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+        if (!uv_is_closing((uv_handle_t *)hs[i]))
+            uv_close((uv_handle_t *)hs[i], NULL);
+}
 
 static void kvd_on_signal(uv_signal_t *h, int sig)
 {
     kvd_main_t *m = h->data;
     KVD_LOGI("signal %d: shutting down", sig);
     kvd_server_stop(m->srv);
-    uv_close((uv_handle_t *)&m->sigterm, NULL);
-    uv_close((uv_handle_t *)&m->sigint, NULL);
+    kvd_main_close_signals(m);
+}
+
+/* Supervisors and habits send SIGHUP for "reload"; kvd has none, and dying of it would skip
+ * the shutdown snapshot and leave stale socket files. Say so once per signal. */
+static void kvd_on_sighup(uv_signal_t *h, int sig)
+{
+    (void)h;
+    (void)sig;
+    KVD_LOGW("SIGHUP ignored: kvd does not reload its config; change a runtime setting with "
+             "`kvctl config set KEY VALUE` (lost at restart), anything else by editing the config "
+             "file and restarting kvd");
+}
+
+/* `--NAME FILE` or `--NAME=FILE` at argv[*i]: 1 with *file set (*i past FILE), 0 when
+ * argv[*i] is some other argument, -1 (said on stderr) when FILE is missing or empty. */
+static int kvd_file_opt(int argc, char **argv, int *i, const char *name, const char **file)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, "--", 2) != 0 || strncmp(a + 2, name, n) != 0)
+        return 0;
+    if (a[2 + n] == '=')
+        *file = a + 3 + n;
+    else if (a[2 + n] != '\0')
+        return 0; /* a longer option that starts with NAME */
+    else
+        *file = *i + 1 < argc ? argv[++*i] : "";
+    if (!**file) {
+        fprintf(stderr, "kvd: --%s needs a FILE\n", name);
+        return -1;
+    }
+    return 1;
 }
 
 int main(int argc, char **argv)
@@ -52,6 +95,8 @@ int main(int argc, char **argv)
     int rc = 1;
     /* pass 1: --help, --check-config and --config (the file goes first, flags override it) */
     for (int i = 1; i < argc; i++) {
+        const char *file;
+        int r;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             kvd_usage(stdout);
             rc = 0;
@@ -62,34 +107,27 @@ int main(int argc, char **argv)
             rc = 0;
             goto out;
         }
-        if (!strcmp(argv[i], "--check-config")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "kvd: --check-config needs a FILE\n");
+        if ((r = kvd_file_opt(argc, argv, &i, "check-config", &file)) != 0) {
+            if (r < 0)
                 goto out;
-            }
-            int n = kvd_config_load_file(&cfg, argv[i + 1], stderr);
+            int n = kvd_config_load_file(&cfg, file, stderr);
             if (n == 0)
-                printf("%s: ok (%zu directives known)\n", argv[i + 1], kvd_config_count());
+                printf("%s: ok (%zu directives known)\n", file, kvd_config_count());
             else
-                fprintf(stderr, "%s: %d error%s\n", argv[i + 1], n, n == 1 ? "" : "s");
+                fprintf(stderr, "%s: %d error%s\n", file, n, n == 1 ? "" : "s");
             rc = n == 0 ? 0 : 1;
             goto out;
         }
-        if (!strcmp(argv[i], "--config")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "kvd: --config needs a FILE\n");
-                goto out;
-            }
-            if (kvd_config_load_file(&cfg, argv[++i], stderr) != 0)
+        if ((r = kvd_file_opt(argc, argv, &i, "config", &file)) != 0) {
+            if (r < 0 || kvd_config_load_file(&cfg, file, stderr) != 0)
                 goto out;
         }
     }
     /* pass 2: --key value flags */
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--config")) {
-            i++;
-            continue;
-        }
+        const char *file;
+        if (kvd_file_opt(argc, argv, &i, "config", &file) != 0)
+            continue; /* loaded in pass 1 */
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "kvd: unexpected argument '%s' (see kvd --help)\n", a);
@@ -132,18 +170,17 @@ int main(int argc, char **argv)
      * the loop runs. */
     uv_signal_init(&loop, &m.sigterm);
     uv_signal_init(&loop, &m.sigint);
-    m.sigterm.data = m.sigint.data = &m;
+    uv_signal_init(&loop, &m.sighup);
+    m.sigterm.data = m.sigint.data = m.sighup.data = &m;
     uv_signal_start(&m.sigterm, kvd_on_signal, SIGTERM);
     uv_signal_start(&m.sigint, kvd_on_signal, SIGINT);
+    uv_signal_start(&m.sighup, kvd_on_sighup, SIGHUP);
     char err[1024];
     if (kvd_server_init(&m.srv, &loop, &cfg, err, sizeof err) != 0) {
         KVD_LOGE("startup failed: %s", err);
         /* a SIGTERM during init may have closed them already (kvd_on_signal ran in the
          * server's clean-up iteration; kvd_server_stop(NULL) does nothing) */
-        if (!uv_is_closing((uv_handle_t *)&m.sigterm))
-            uv_close((uv_handle_t *)&m.sigterm, NULL);
-        if (!uv_is_closing((uv_handle_t *)&m.sigint))
-            uv_close((uv_handle_t *)&m.sigint, NULL);
+        kvd_main_close_signals(&m);
         uv_run(&loop, UV_RUN_NOWAIT);
         uv_loop_close(&loop);
         goto out;
