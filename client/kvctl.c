@@ -22,14 +22,19 @@
  *
  * Every command speaks admin RPCs that need no session (no hello, no fd handover). --json
  * prints one JSON object per command on stdout. Exit 0 on success, 1 on any error (the
- * daemon's status name and message on stderr), 2 on usage errors.
+ * daemon's status name and message on stderr), 2 on usage errors: an unknown option, an
+ * option without its value, a number that is not plain decimal digits (parse_num: no sign,
+ * no space, nothing after it, within range) — never a silent default.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "kvc.h"
@@ -40,6 +45,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: kvctl [--endpoint EP] [--json] [--timeout MS] COMMAND [ARGS]\n"
+            "       kvctl -h | --help\n"
             "commands:\n"
             "  status                      daemon figures\n"
             "  sessions                    attached client processes\n"
@@ -59,7 +65,8 @@ static void usage(FILE *f)
             "  events [--count N] [--from EP]  print index events as they arrive (one line\n"
             "                              per entry; N entries then exit; EP: the PUB endpoint,\n"
             "                              default the daemon's events_endpoint)\n"
-            "endpoint: --endpoint, else $KVD_ENDPOINT, else ipc:///run/kvd/kvd.sock\n");
+            "endpoint: --endpoint, else $KVD_ENDPOINT, else ipc:///run/kvd/kvd.sock\n"
+            "timeout: --timeout MS bounds each call (default 5000)\n");
 }
 
 /* JSON string escaping for the few free-text fields. */
@@ -88,15 +95,91 @@ static const char *fmtname(int f)
     return f == 0 ? "fp8" : f == 1 ? "tq3" : "?";
 }
 
-/* a decimal number of at most `max`: no sign, nothing after it */
+/* a decimal number of at most `max`: digits only (strtoull alone takes " 5", "+5" and "-1",
+ * the last as a huge number), nothing after them */
 static int parse_num(const char *s, uint64_t max, uint64_t *out)
 {
     char *end;
+    if (!isdigit((unsigned char)*s))
+        return -1;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *s == '-' || *end || errno || v > max)
+    if (*end || errno || v > max)
         return -1;
     *out = v;
+    return 0;
+}
+
+/* `NAME VALUE` or `NAME=VALUE` at argv[*i]: 1 with *val set (*i past VALUE), 0 when argv[*i]
+ * is another argument, -1 (said on stderr; a usage error) when the value is missing. */
+static int opt_value(int argc, const char **argv, int *i, const char *name, const char **val)
+{
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n) != 0)
+        return 0;
+    if (argv[*i][n] == '=')
+        *val = argv[*i] + n + 1;
+    else if (argv[*i][n] != '\0')
+        return 0;
+    else if (*i + 1 < argc)
+        *val = argv[++*i];
+    else
+        *val = "";
+    if (!**val) {
+        fprintf(stderr, "kvctl: option '%s' needs a value\n", name);
+        return -1;
+    }
+    return 1;
+}
+
+/* ZeroMQ lets a client connect before the server binds, so a missing socket, or one this uid
+ * may not open, would only show as a timeout (5 s by default) or a hang (events); an operator
+ * deserves the plain reason at once. 0 when ep is not ipc:// or its socket is reachable;
+ * else -1, said on stderr. `whose`: "daemon" or "kvd's events publisher". */
+static int check_socket(const char *ep, const char *whose)
+{
+    if (strncmp(ep, "ipc://", 6) != 0)
+        return 0;
+    const char *path = ep + 6;
+    const char *fix = "run kvctl as kvd's user (or root), or set socket_group in kvd's config "
+                      "and add this user to that group";
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        int e = errno;
+        if (e == ENOENT || e == ENOTDIR)
+            fprintf(stderr,
+                    "kvctl: no %s at %s: no socket file %s (is kvd running? set --endpoint or "
+                    "$KVD_ENDPOINT)\n",
+                    whose, ep, path);
+        else if (e == EACCES)
+            fprintf(stderr,
+                    "kvctl: cannot reach %s at %s: permission denied: a directory above the "
+                    "socket is not accessible to uid %u (kvd makes its socket directory 0700); "
+                    "%s\n",
+                    whose, ep, (unsigned)getuid(), fix);
+        else
+            fprintf(stderr, "kvctl: cannot reach %s at %s: stat(%s): %s\n", whose, ep, path,
+                    strerror(e));
+        return -1;
+    }
+    if (!S_ISSOCK(sb.st_mode)) {
+        fprintf(stderr, "kvctl: %s is not a socket (wrong --endpoint?)\n", path);
+        return -1;
+    }
+    /* connect(2) on a Unix socket needs write permission on the file */
+    if (access(path, W_OK) != 0) {
+        int e = errno;
+        if (e == EACCES)
+            fprintf(stderr,
+                    "kvctl: cannot reach %s at %s: permission denied: the socket (owner uid %u, "
+                    "mode %03o) is not writable by uid %u; %s\n",
+                    whose, ep, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
+                    (unsigned)getuid(), fix);
+        else
+            fprintf(stderr, "kvctl: cannot reach %s at %s: access(%s): %s\n", whose, ep, path,
+                    strerror(e));
+        return -1;
+    }
     return 0;
 }
 
@@ -333,6 +416,8 @@ static void print_entry(const Kvd__Event *ev, const Kvd__EventEntry *x)
 /* The daemon's events_endpoint through config get (an admin RPC: no session is opened). */
 static int events_endpoint(const char *ep, int timeout, char *out, size_t cap)
 {
+    if (check_socket(ep, "daemon") != 0)
+        return -1;
     kvc_t *c;
     kv_err_t e = kvc_connect(&c, ep, timeout);
     if (e != KV_ERR_OK) {
@@ -369,15 +454,23 @@ static int cmd_events(const char *ep, int timeout, int nargs, const char **args)
     uint64_t count = 0;
     const char *from = NULL;
     for (int i = 1; i < nargs; i++) {
-        char *end;
-        if (!strcmp(args[i], "--count") && i + 1 < nargs) {
-            count = strtoull(args[++i], &end, 10);
-            if (*end || !*args[i]) {
-                fprintf(stderr, "kvctl: events: --count needs a number\n");
+        const char *v;
+        int r;
+        if ((r = opt_value(nargs, args, &i, "--count", &v)) != 0) {
+            if (r < 0)
+                return 2;
+            /* 0 is refused: without --count it already runs until interrupted */
+            if (parse_num(v, UINT64_MAX, &count) || count == 0) {
+                fprintf(stderr,
+                        "kvctl: events: option '--count' wants a number of entries (1 or "
+                        "more), got '%s'\n",
+                        v);
                 return 2;
             }
-        } else if (!strcmp(args[i], "--from") && i + 1 < nargs) {
-            from = args[++i];
+        } else if ((r = opt_value(nargs, args, &i, "--from", &v)) != 0) {
+            if (r < 0)
+                return 2;
+            from = v;
         } else {
             fprintf(stderr, "kvctl: events: unknown argument '%s'\n", args[i]);
             return 2;
@@ -389,6 +482,8 @@ static int cmd_events(const char *ep, int timeout, int nargs, const char **args)
             return 1;
         from = pub;
     }
+    if (check_socket(from, "kvd's events publisher") != 0)
+        return 1;
     void *ctx = zmq_ctx_new();
     void *sub = ctx ? zmq_socket(ctx, ZMQ_SUB) : NULL;
     if (!sub || zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0) != 0 || zmq_connect(sub, from) != 0) {
@@ -450,17 +545,31 @@ int main(int argc, char **argv)
     int timeout = 5000, ai = 1;
     if (!ep || !*ep)
         ep = "ipc:///run/kvd/kvd.sock";
-    for (; ai < argc && !strncmp(argv[ai], "--", 2); ai++) {
-        if (!strcmp(argv[ai], "--json"))
+    const char **av = (const char **)argv;
+    for (; ai < argc && argv[ai][0] == '-'; ai++) {
+        const char *v;
+        int r;
+        if (!strcmp(argv[ai], "--json")) {
             json = 1;
-        else if (!strcmp(argv[ai], "--help")) {
+        } else if (!strcmp(argv[ai], "--help") || !strcmp(argv[ai], "-h")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(argv[ai], "--endpoint") && ai + 1 < argc)
-            ep = argv[++ai];
-        else if (!strcmp(argv[ai], "--timeout") && ai + 1 < argc)
-            timeout = atoi(argv[++ai]);
-        else {
+        } else if ((r = opt_value(argc, av, &ai, "--endpoint", &v)) != 0) {
+            if (r < 0)
+                return 2;
+            ep = v;
+        } else if ((r = opt_value(argc, av, &ai, "--timeout", &v)) != 0) {
+            uint64_t ms;
+            if (r < 0)
+                return 2;
+            if (parse_num(v, INT_MAX, &ms) || ms == 0) {
+                fprintf(stderr,
+                        "kvctl: option '--timeout' wants milliseconds (1 or more), got '%s'\n",
+                        v);
+                return 2;
+            }
+            timeout = (int)ms;
+        } else {
             fprintf(stderr, "kvctl: unknown option '%s'\n", argv[ai]);
             usage(stderr);
             return 2;
@@ -472,7 +581,10 @@ int main(int argc, char **argv)
     for (int i = ai; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = 1;
-        else if (nargs < 8)
+        else if (nargs == 8) { /* more than any command takes: refused, not cut short */
+            fprintf(stderr, "kvctl: too many arguments (see kvctl --help)\n");
+            return 2;
+        } else
             args[nargs++] = argv[i];
     }
     if (nargs == 0) {
@@ -569,16 +681,8 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    /* ZeroMQ lets a client connect before the server binds, so a missing daemon would only
-     * show as a timeout; an operator deserves the plain reason at once. */
-    struct stat sock_st;
-    if (!strncmp(ep, "ipc://", 6) && stat(ep + 6, &sock_st) != 0) {
-        fprintf(stderr,
-                "kvctl: no daemon at %s: no socket file %s (is kvd running? set --endpoint or "
-                "$KVD_ENDPOINT)\n",
-                ep, ep + 6);
+    if (check_socket(ep, "daemon") != 0)
         return 1;
-    }
     kvc_t *c;
     kv_err_t e = kvc_connect(&c, ep, timeout);
     if (e != KV_ERR_OK) {

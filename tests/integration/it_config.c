@@ -9,8 +9,12 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <grp.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -285,6 +289,127 @@ static void test_config_eq_form_and_sighup(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* kvctl with argv[1..] (argv[0] is replaced by KVCTL_BIN), stdout and stderr into out; as uid
+ * and gid `as` when as >= 0 (the caller is root); killed after 60 s so that a kvctl that
+ * hangs fails the test instead of holding it. Returns the exit status, 128 + signal. */
+static int kvctl_run(int as, const char **argv, char *out, size_t cap)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        close(p[0]);
+        close(p[1]);
+        if (as >= 0 && (setgroups(0, NULL) != 0 || setgid((gid_t)as) != 0 ||
+                        setuid((uid_t)as) != 0))
+            _exit(126);
+        alarm(60);
+        argv[0] = KVCTL_BIN;
+        execv(KVCTL_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    close(p[1]);
+    size_t len = 0;
+    ssize_t r;
+    while (len < cap - 1 && (r = read(p[0], out + len, cap - 1 - len)) > 0)
+        len += (size_t)r;
+    out[len] = '\0';
+    close(p[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* kvctl's usage errors exit 2 naming the option (--timeout abc ran with 5000, --count -1
+ * counted to 2^64, `page +5` was page 5); -h is --help. */
+static void test_kvctl_usage_errors(void **state)
+{
+    (void)state;
+    static char out[16384];
+    const struct {
+        const char *argv[8];
+        const char *says;
+    } bad[] = {
+        {{"", "--timeout", "abc", "status"}, "'--timeout'"},
+        {{"", "--timeout", "-5", "status"}, "'--timeout'"},
+        {{"", "--timeout=0", "status"}, "'--timeout'"},
+        {{"", "--timeout"}, "option '--timeout' needs a value"},
+        {{"", "--endpoint"}, "option '--endpoint' needs a value"},
+        {{"", "events", "--count", "-1"}, "'--count'"},
+        {{"", "events", "--count", "ten"}, "'--count'"},
+        {{"", "events", "--count"}, "option '--count' needs a value"},
+        {{"", "events", "--from"}, "option '--from' needs a value"},
+        {{"", "page", "+5"}, "page"},
+        {{"", "page", " 5"}, "page"},
+        {{"", "cache", "ls", "-1"}, "LIMIT"},
+        {{"", "-x"}, "unknown option '-x'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *argv[9] = {0};
+        memcpy(argv, bad[i].argv, sizeof bad[i].argv);
+        int rc = kvctl_run(-1, argv, out, sizeof out);
+        if (rc != 2 || !strstr(out, bad[i].says))
+            fail_msg("kvctl usage case %zu (%s %s): rc %d, wanted '%s':\n%s", i, bad[i].argv[1],
+                     bad[i].argv[2] ? bad[i].argv[2] : "", rc, bad[i].says, out);
+    }
+    const char *help[] = {"", "-h", NULL};
+    assert_int_equal(kvctl_run(-1, help, out, sizeof out), 0);
+    assert_non_null(strstr(out, "usage: kvctl"));
+}
+
+/* kvctl said "no socket file (is kvd running?)" for every stat() failure, waited its whole
+ * timeout on a socket this uid may not open, and `events --from ipc://MISSING` hung forever.
+ * Each now fails at once with the real reason. Root runs the permission cases as nobody. */
+static void test_kvctl_socket_errors(void **state)
+{
+    (void)state;
+    static char out[16384];
+    char base[400], ep[512], path[450];
+    itest_tmpdir(base, sizeof base, "kvd-it-kvctl");
+    assert_int_equal(chmod(base, 0755), 0);
+    /* events --from a missing ipc socket: the socket-file check, not a hang */
+    snprintf(ep, sizeof ep, "ipc://%s/none.sock", base);
+    const char *from[] = {"", "--endpoint", ep, "events", "--from", ep, "--count", "1", NULL};
+    assert_int_equal(kvctl_run(-1, from, out, sizeof out), 1);
+    if (!strstr(out, "no socket file"))
+        fail_msg("kvctl events --from a missing socket: %s", out);
+    int as = geteuid() == 0 ? 65534 : -1;
+    /* a socket this uid cannot write: refused before connecting, naming the fix */
+    snprintf(path, sizeof path, "%s/kvd.sock", base);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    assert_true(strlen(path) < sizeof sa.sun_path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(fd, 1), 0);
+    assert_int_equal(chmod(path, as >= 0 ? 0600 : 0400), 0);
+    snprintf(ep, sizeof ep, "ipc://%s", path);
+    const char *st[] = {"", "--endpoint", ep, "--timeout", "30000", "status", NULL};
+    int64_t t0 = itest_now_us();
+    int rc = kvctl_run(as, st, out, sizeof out);
+    if (rc == 127 || rc == 126) {
+        print_message("skipped the permission cases: kvctl cannot run as uid %d\n", as);
+    } else {
+        if (rc != 1 || !strstr(out, "permission denied") || !strstr(out, "socket_group"))
+            fail_msg("kvctl on an unwritable socket: rc %d:\n%s", rc, out);
+        assert_true(itest_now_us() - t0 < 10000000); /* not the 30 s timeout */
+        /* a socket directory this uid cannot enter: permission denied, not "no socket" */
+        char closed[450];
+        snprintf(closed, sizeof closed, "%s/closed", base);
+        assert_int_equal(mkdir(closed, 0000), 0);
+        snprintf(ep, sizeof ep, "ipc://%s/kvd.sock", closed);
+        rc = kvctl_run(as, st, out, sizeof out);
+        assert_int_equal(chmod(closed, 0700), 0);
+        if (rc != 1 || !strstr(out, "permission denied") || strstr(out, "no socket file"))
+            fail_msg("kvctl behind a closed directory: rc %d:\n%s", rc, out);
+    }
+    close(fd);
+    itest_rmtree(base);
+}
+
 /* One daemon per endpoint and per snapshot_dir (kvd_lock_file): a second kvd on the first's
  * endpoint, or with its snapshot_dir, exits 1 naming the first's pid, and leaves the first's
  * socket files in place (it used to take the socket over and unlink it at its exit). */
@@ -330,6 +455,8 @@ int main(void)
         cmocka_unit_test(test_check_config_refuses_what_startup_refuses),
         cmocka_unit_test(test_config_file_dir_and_duplicates),
         cmocka_unit_test(test_config_eq_form_and_sighup),
+        cmocka_unit_test(test_kvctl_usage_errors),
+        cmocka_unit_test(test_kvctl_socket_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
