@@ -21,11 +21,21 @@
  * sealing a page whose K/V is missing for some layer (the prefix cache would hand garbage to
  * every later prompt) and attending over tokens never appended.
  *
+ * A lost sequence: a seal or seq_append that got no reply (TIMEOUT, UNAVAILABLE) or an
+ * unreadable one may or may not have happened at the daemon. After a seal that deduplicated,
+ * the daemon's sequence holds the cached page and ours is retired and may be handed to another
+ * session; the shim cannot tell which page id is right, so reading or writing through its
+ * table could touch another session's page. Such a sequence is marked lost (lost_call): every
+ * call but kvs_seq_end refuses it, and kvs_seq_end's seq_close drops whatever the daemon's
+ * table holds. A status the daemon sent back is definite: its calls are all-or-nothing
+ * (kvd/core.h), so a refusal changed nothing and the sequence stays usable.
+ *
  * Scratch buffers grow by doubling and live until kvs_close: an engine calls append and
  * attention once per layer per step, so allocating per call would dominate on the host path.
  */
 #include "kvshim.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -55,6 +65,8 @@ struct kvs_seq_s {
     size_t nsealed;         /* pages[0..nsealed) are sealed (looked up or committed) */
     size_t *written;        /* [layers] tokens [0..written) have K/V in that layer */
     size_t ext_from, ext_m; /* tokens of the last kvs_seq_extend */
+    const char *lost_call;  /* non-NULL: that call's outcome is unknown (see the top) */
+    kv_err_t lost_err;      /* and how it failed */
     kvs_seq_t *prev, *next;
 };
 
@@ -67,7 +79,7 @@ struct kvs_s {
     kvc_t *c;
     kv_geom_t geom;
     int dev; /* pools in device memory */
-    char name[64];
+    char name[KVP_MAX_STRING + 1]; /* the protocol's limit; longer names are refused */
     char err[KVS_ERR_BYTES];
     kvs_seq_t *seqs; /* open sequences, ended by kvs_close */
     /* host scratch */
@@ -100,10 +112,66 @@ kvs_fail(kvs_t *s, kv_err_t code, const char *fmt, ...)
     return code;
 }
 
+/* libkvc's message without the "CODE: " it starts with when the daemon sent it: the code is
+ * the return value (and KvsError.name in Python), so the message does not repeat it. */
+static const char *kvs_kvc_why(const kvc_t *c, kv_err_t code)
+{
+    const char *m = kvc_errmsg(c), *name = kv_err_name(code);
+    size_t n = strlen(name);
+    if (strncmp(m, name, n) == 0 && m[n] == ':' && m[n + 1] == ' ')
+        return m + n + 2;
+    return m[0] ? m : kv_err_msg(code);
+}
+
 /* A libkvc call failed: keep the daemon's words, name the call. */
 static kv_err_t kvs_fail_kvc(kvs_t *s, kv_err_t code, const char *call)
 {
-    return kvs_fail(s, code, "%s: %s (%s)", call, kvc_errmsg(s->c), kv_err_name(code));
+    return kvs_fail(s, code, "%s: %s", call, kvs_kvc_why(s->c, code));
+}
+
+/* Add to the message of the failure being reported (a second problem met on the way out). */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void kvs_fail_more(kvs_t *s, const char *fmt, ...)
+{
+    size_t used = strlen(s->err);
+    if (used + 1 >= KVS_ERR_BYTES)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->err + used, KVS_ERR_BYTES - used, fmt, ap);
+    va_end(ap);
+}
+
+/* 1 when a libkvc call may have taken effect at the daemon although it failed here: no reply
+ * (TIMEOUT), a broken transport (UNAVAILABLE), or a reply that could not be read. */
+static int kvs_outcome_unknown(kv_err_t e)
+{
+    return e == KV_ERR_TIMEOUT || e == KV_ERR_UNAVAILABLE || e == KV_ERR_MALFORMED ||
+           e == KV_ERR_INTERNAL;
+}
+
+/* Mark q lost after `call` failed with e, an unknown outcome, and say so after the message
+ * already reported. */
+static void kvs_seq_lose(kvs_seq_t *q, const char *call, kv_err_t e)
+{
+    q->lost_call = call;
+    q->lost_err = e;
+    kvs_fail_more(q->s, "; sequence %" PRIu64 " is lost: end it with kvs_seq_end and begin again",
+                  q->dseq);
+}
+
+/* FAILED_PRECONDITION for a lost sequence (fn: the refusing call, what: "" or "seqs[3] "). */
+static kv_err_t kvs_seq_refuse_lost(const kvs_seq_t *q, const char *fn, const char *what)
+{
+    char how[48] = "timed out";
+    if (q->lost_err != KV_ERR_TIMEOUT)
+        snprintf(how, sizeof how, "failed (%s)", kv_err_name(q->lost_err));
+    return kvs_fail(q->s, KV_ERR_FAILED_PRECONDITION,
+                    "%s: %ssequence %" PRIu64 ": a %s %s, its page table is no longer known; "
+                    "end it with kvs_seq_end and begin again",
+                    fn, what, q->dseq, q->lost_call, how);
 }
 
 static void kvs_ok(kvs_t *s)
@@ -207,6 +275,12 @@ kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o)
     if (o->timeout_ms < 0)
         return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_open: opts.timeout_ms is %d (< 0)",
                         o->timeout_ms);
+    /* refused rather than cut: a cut name could end inside a UTF-8 sequence, and the daemon
+     * would refuse the hello for a longer one anyway (proto/kvproto.h) */
+    if (o->name && strlen(o->name) > KVP_MAX_STRING)
+        return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT,
+                        "kvs_open: opts.name is %zu bytes (the protocol allows %u)",
+                        strlen(o->name), KVP_MAX_STRING);
     kvs_t *s = calloc(1, sizeof *s);
     if (!s)
         return kvs_fail(NULL, KV_ERR_NOMEM, "kvs_open: out of memory");
@@ -214,7 +288,7 @@ kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o)
     kv_err_t e = kvc_connect(&s->c, o->endpoint, o->timeout_ms ? o->timeout_ms : 5000);
     if (e != KV_ERR_OK) {
         kvs_fail(NULL, e, "kvs_open: kvc_connect(%s): %s", o->endpoint,
-                 s->c ? kvc_errmsg(s->c) : kv_err_msg(e));
+                 s->c ? kvs_kvc_why(s->c, e) : kv_err_msg(e));
         goto fail;
     }
     e = kvc_hello(s->c, o->ns, s->name, 1);
@@ -226,12 +300,11 @@ kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o)
                      "kvs_open: the daemon at %s serves device (cuda) pools but this libkvshim "
                      "was built without CUDA (KVD_CUDA=OFF); rebuild with KVD_CUDA=ON or run "
                      "the daemon with backend host (libkvc: %s)",
-                     o->endpoint, kvc_errmsg(s->c));
+                     o->endpoint, kvs_kvc_why(s->c, KV_ERR_DEVICE));
             goto fail;
         }
 #endif
-        kvs_fail(NULL, e, "kvs_open: kvc_hello(%s): %s (%s)", o->endpoint, kvc_errmsg(s->c),
-                 kv_err_name(e));
+        kvs_fail(NULL, e, "kvs_open: kvc_hello(%s): %s", o->endpoint, kvs_kvc_why(s->c, e));
         goto fail;
     }
     s->geom = *kvc_geom(s->c);
@@ -286,15 +359,52 @@ static void kvs_seq_free(kvs_seq_t *q)
     free(q);
 }
 
+/* Close q's daemon-side sequence (dropping every reference of its table, lost or not) and
+ * free q; returns the seq_close status, whose message is left in kvs_errmsg. */
+static kv_err_t kvs_seq_end_one(kvs_seq_t *q)
+{
+    kvs_t *s = q->s;
+    kv_err_t e = kvc_seq_close(s->c, q->dseq);
+    if (e != KV_ERR_OK)
+        kvs_fail_kvc(s, e, "kvs_seq_end: kvc_seq_close");
+    else
+        kvs_ok(s);
+    kvs_seq_free(q);
+    return e;
+}
+
+/* 1 for the failures that say the daemon is hung or gone: another call waits as long. */
+static int kvs_daemon_away(kv_err_t e)
+{
+    return e == KV_ERR_TIMEOUT || e == KV_ERR_UNAVAILABLE;
+}
+
+/* End the session at the daemon for kvs_close, waiting at most one timeout. goodbye (kvc.h)
+ * ends it as the process's exit would: sequences closed, references dropped, and the session
+ * no longer counts against max_sessions_per_pid nor holds back page recycling. Its condition,
+ * no kernel on the pools in flight, holds for the shim's own kernels (synchronous); an engine
+ * that launched its own on the shim's pages synchronizes before kvs_close (kvshim.h). */
+static void kvs_say_goodbye(kvs_t *s)
+{
+    kv_err_t e = kvc_goodbye(s->c, NULL);
+    if (e == KV_ERR_OK || kvs_daemon_away(e))
+        return;
+    /* A daemon from before goodbye refuses it: close the sequences one by one (the session
+     * itself then ends only when the process exits), stopping at the first sign that the
+     * daemon is away, since each further seq_close would wait a full timeout too; the daemon
+     * closes what is left when the process exits (kvd/core.h, kvd_core_session_close). */
+    for (kvs_seq_t *q = s->seqs; q && !kvs_daemon_away(e); q = s->seqs)
+        e = kvs_seq_end_one(q);
+}
+
 void kvs_close(kvs_t **sp)
 {
     if (!sp || !*sp)
         return;
     kvs_t *s = *sp;
-    while (s->seqs) {
-        kvs_seq_t *q = s->seqs;
-        kvs_seq_end(&q);
-    }
+    kvs_say_goodbye(s);
+    while (s->seqs)
+        kvs_seq_free(s->seqs);
     kvc_close(&s->c);
     free(s->slots.p);
     free(s->kv.p);
@@ -407,40 +517,86 @@ fail_free:
     return e;
 }
 
+/* Hand back n loose pages this call allocated, after a failure e already reported. */
+static kv_err_t kvs_give_back(kvs_t *s, const uint32_t *pages, size_t n, kv_err_t e)
+{
+    if (n == 0)
+        return e;
+    kv_err_t r = kvc_release(s->c, pages, n);
+    if (r != KV_ERR_OK)
+        kvs_fail_more(s, "; kvc_release of the %zu pages this call allocated: %s (%s)", n,
+                      kvs_kvc_why(s->c, r), kv_err_name(r));
+    return e;
+}
+
+/* Add n FP8 pages to the end of q's table, all or nothing. The protocol cannot take a page back
+ * out of a sequence, so the chunks (below the daemon's max_alloc) are allocated loose first and
+ * moved into the daemon-side sequence by one seq_append once all of them succeeded; on any
+ * failure they are released and the table is as before. */
+static kv_err_t kvs_seq_add_pages(kvs_seq_t *q, size_t n)
+{
+    kvs_t *s = q->s;
+    uint32_t *dst = q->pages + q->npages;
+    for (size_t got = 0; got < n;) {
+        uint32_t k = (uint32_t)(n - got < KVS_ALLOC_CHUNK ? n - got : KVS_ALLOC_CHUNK);
+        kv_err_t e = kvc_alloc(s->c, KV_FMT_FP8, k, dst + got);
+        if (e != KV_ERR_OK) /* (a timed-out chunk's pages are released by libkvc: kvc_late) */
+            return kvs_give_back(s, dst, got, kvs_fail_kvc(s, e, "kvs_seq_extend: kvc_alloc"));
+        got += k;
+    }
+    kv_err_t e = kvc_seq_append(s->c, q->dseq, dst, n);
+    if (e != KV_ERR_OK) {
+        kvs_fail_kvc(s, e, "kvs_seq_extend: kvc_seq_append");
+        /* If the append happened after all, the release (ordered after it on the connection)
+         * fails as a whole and kvs_seq_end's seq_close drops the pages; if it did not, the
+         * release frees them. Either way the daemon's table may now differ from ours. */
+        if (kvs_outcome_unknown(e))
+            kvs_seq_lose(q, "seq_append", e);
+        return kvs_give_back(s, dst, n, e);
+    }
+    q->npages += n;
+    return KV_ERR_OK;
+}
+
+/* FAILED_PRECONDITION when some layer lacks K/V for tokens already in the sequence: kvs_append
+ * writes only the last extend's tokens, so after another extend those could never be written
+ * and the sequence could never be committed or attended. */
+static kv_err_t kvs_seq_check_written(const kvs_seq_t *q)
+{
+    for (uint32_t l = 0; l < q->s->geom.layers; l++)
+        if (q->written[l] < q->ntok)
+            return kvs_fail(q->s, KV_ERR_FAILED_PRECONDITION,
+                            "kvs_seq_extend: layer %u has K/V for %zu of the sequence's %zu "
+                            "tokens; kvs_append every layer of the last extend (%zu tokens "
+                            "from %zu) first",
+                            l, q->written[l], q->ntok, q->ext_m, q->ext_from);
+    return KV_ERR_OK;
+}
+
 kv_err_t kvs_seq_extend(kvs_seq_t *q, const uint32_t *tokens, size_t m)
 {
     if (!q)
         return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_seq_extend: q is NULL");
     kvs_t *s = q->s;
     kvs_ok(s);
+    if (q->lost_call)
+        return kvs_seq_refuse_lost(q, "kvs_seq_extend", "");
     if (!tokens || m == 0)
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_seq_extend: %s",
                         !tokens ? "tokens is NULL" : "m is 0");
     if (m > UINT32_MAX - q->ntok)
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
                         "kvs_seq_extend: m = %zu takes the sequence past %u tokens", m, UINT32_MAX);
+    kv_err_t e = kvs_seq_check_written(q);
+    if (e != KV_ERR_OK)
+        return e;
     const uint32_t pt = s->geom.page_tokens;
     const size_t len = q->ntok + m, want = (len + pt - 1) / pt;
     if (!kvs_arr_grow((void **)&q->tok, &q->tcap, len, sizeof *q->tok) ||
         !kvs_arr_grow((void **)&q->pages, &q->pcap, want, sizeof *q->pages))
         return kvs_fail(s, KV_ERR_NOMEM, "kvs_seq_extend: out of memory for %zu tokens", len);
-    /* Pages in chunks, each moved into the daemon-side sequence at once; a failure keeps the
-     * pages already appended (the next extend counts them) and adds no token. */
-    while (q->npages < want) {
-        uint32_t k =
-            (uint32_t)(want - q->npages < KVS_ALLOC_CHUNK ? want - q->npages : KVS_ALLOC_CHUNK);
-        uint32_t *dst = q->pages + q->npages;
-        kv_err_t e = kvc_alloc(s->c, KV_FMT_FP8, k, dst);
-        if (e != KV_ERR_OK)
-            return kvs_fail_kvc(s, e, "kvs_seq_extend: kvc_alloc");
-        e = kvc_seq_append(s->c, q->dseq, dst, k);
-        if (e != KV_ERR_OK) {
-            kvs_fail_kvc(s, e, "kvs_seq_extend: kvc_seq_append");
-            kvc_release(s->c, dst, k);
-            return e;
-        }
-        q->npages += k;
-    }
+    if (want > q->npages && (e = kvs_seq_add_pages(q, want - q->npages)) != KV_ERR_OK)
+        return e; /* no page and no token added */
     memcpy(q->tok + q->ntok, tokens, m * sizeof *tokens);
     q->ext_from = q->ntok;
     q->ext_m = m;
@@ -471,6 +627,8 @@ kv_err_t kvs_append(kvs_seq_t *q, uint32_t layer, const void *k, const void *v, 
     kvs_t *s = q->s;
     kvs_ok(s);
     const kv_geom_t *g = &s->geom;
+    if (q->lost_call)
+        return kvs_seq_refuse_lost(q, "kvs_append", "");
     if (!k || !v)
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_append: %s is NULL", !k ? "k" : "v");
     if (layer >= g->layers)
@@ -557,6 +715,8 @@ kv_err_t kvs_seq_commit(kvs_seq_t *q)
         return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_seq_commit: q is NULL");
     kvs_t *s = q->s;
     kvs_ok(s);
+    if (q->lost_call)
+        return kvs_seq_refuse_lost(q, "kvs_seq_commit", "");
     const uint32_t pt = s->geom.page_tokens;
     const size_t full = q->ntok / pt;
     if (full <= q->nsealed)
@@ -567,13 +727,26 @@ kv_err_t kvs_seq_commit(kvs_seq_t *q)
                             "kvs_seq_commit: layer %u has K/V for %zu of the %zu tokens of the "
                             "full pages; append every layer before committing",
                             l, q->written[l], full * pt);
+    /* Sealing into the last extend ends kvs_append for it, and kvs_seq_extend refuses while
+     * its tokens lack K/V: the rest of them must be written now or never. */
+    for (uint32_t l = 0; l < s->geom.layers && q->ext_from < full * pt; l++)
+        if (q->written[l] < q->ntok)
+            return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                            "kvs_seq_commit: layer %u has K/V for %zu of the sequence's %zu "
+                            "tokens; sealing would leave the rest unwritable: kvs_append every "
+                            "layer of the last extend (%zu tokens) first",
+                            l, q->written[l], q->ntok, q->ext_m);
     while (q->nsealed < full) {
         size_t i = q->nsealed;
         uint32_t canon = 0;
         kv_err_t e = kvc_seal(s->c, q->pages[i], i ? q->pages[i - 1] : KVP_NO_PAGE, q->tok + i * pt,
                               pt, NULL, 0, &canon);
-        if (e != KV_ERR_OK)
-            return kvs_fail_kvc(s, e, "kvs_seq_commit: kvc_seal");
+        if (e != KV_ERR_OK) {
+            kvs_fail_kvc(s, e, "kvs_seq_commit: kvc_seal");
+            if (kvs_outcome_unknown(e))
+                kvs_seq_lose(q, "seal", e);
+            return e;
+        }
         /* dedupe: the daemon moved our reference (in dseq, same position) to canon */
         q->pages[i] = canon;
         q->nsealed++;
@@ -588,30 +761,54 @@ size_t kvs_seq_len(const kvs_seq_t *q)
 
 size_t kvs_seq_pages(const kvs_seq_t *q, uint32_t *pages, size_t cap)
 {
-    if (!q)
-        return 0;
+    if (!q || q->lost_call)
+        return 0; /* a lost table must not be read: its ids may be another session's pages */
     size_t n = (q->ntok + q->s->geom.page_tokens - 1) / q->s->geom.page_tokens;
     if (pages)
         memcpy(pages, q->pages, (n < cap ? n : cap) * sizeof *pages);
     return n;
 }
 
-void kvs_seq_end(kvs_seq_t **qp)
+kv_err_t kvs_seq_end(kvs_seq_t **qp)
 {
     if (!qp || !*qp)
-        return;
-    kvs_seq_t *q = *qp;
-    kvs_t *s = q->s;
-    kv_err_t e = kvc_seq_close(s->c, q->dseq); /* drops every reference of the table */
-    if (e != KV_ERR_OK)
-        kvs_fail_kvc(s, e, "kvs_seq_end: kvc_seq_close");
-    else
-        kvs_ok(s);
-    kvs_seq_free(q);
+        return KV_ERR_OK;
+    kv_err_t e = kvs_seq_end_one(*qp);
     *qp = NULL;
+    return e;
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
+
+/* The attention kernel refused a batch the shim had checked: say why where the host can see
+ * it. What the shim does not check itself is the directory (a table page not mapped as valid);
+ * on device the directory is device memory, and the launcher's remaining checks are its grid
+ * limits, which KVS_MAX_BATCH keeps the batch within. */
+static kv_err_t kvs_attn_refused(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t layer,
+                                 uint32_t q_heads)
+{
+    const char *fn = "kvs_attention: the attention kernel refused the batch";
+    if (s->dev)
+        return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                        "%s (layer %u, %zu sequences, q_heads %u, on the device; a page not "
+                        "valid in the directory, or a grid limit)",
+                        fn, layer, nseq, q_heads);
+    const volatile kv_dir_entry_t *dir = kvc_directory(s->c);
+    const uint32_t dir_len = kvc_dir_entries(s->c), pt = s->geom.page_tokens;
+    for (size_t i = 0; i < nseq; i++)
+        for (size_t p = 0; p < (seqs[i]->ntok + pt - 1) / pt; p++) {
+            uint32_t id = seqs[i]->pages[p];
+            if (id >= dir_len || !(kv_dir_flags(dir[id]) & KV_DIR_VALID))
+                return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                                "%s: page %u (seqs[%zu], position %zu) is not valid in the "
+                                "directory",
+                                fn, id, i, p);
+        }
+    return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                    "%s (layer %u, %zu sequences, q_heads %u; every page is valid in the "
+                    "directory)",
+                    fn, layer, nseq, q_heads);
+}
 
 kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t layer,
                        uint32_t q_heads, const float *qv, float sm_scale, float *out)
@@ -624,8 +821,11 @@ kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t l
     if (!seqs || nseq == 0)
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: %s",
                         !seqs ? "seqs is NULL" : "nseq is 0");
-    if (nseq > UINT32_MAX - 1)
-        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: nseq = %zu", nseq);
+    if (nseq > KVS_MAX_BATCH)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "kvs_attention: nseq = %zu; one call attends at most KVS_MAX_BATCH = %u "
+                        "sequences (the device kernel's grid limit): split the batch",
+                        nseq, (unsigned)KVS_MAX_BATCH);
     if (!qv || !out)
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: %s is NULL", !qv ? "q" : "out");
     if (layer >= g->layers)
@@ -643,6 +843,11 @@ kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t l
         if (!q || q->s != s)
             return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: seqs[%zu] is %s", i,
                             !q ? "NULL" : "a sequence of another kvs_t");
+        if (q->lost_call) {
+            char what[40];
+            snprintf(what, sizeof what, "seqs[%zu] is ", i);
+            return kvs_seq_refuse_lost(q, "kvs_attention", what);
+        }
         if (q->ntok == 0 || q->written[layer] < q->ntok)
             return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
                             "kvs_attention: seqs[%zu] has K/V of layer %u for %zu of its %zu "
@@ -733,9 +938,6 @@ kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t l
     if (rc == KVK_ENOMEM)
         return kvs_fail(s, KV_ERR_NOMEM, "kvs_attention: the attention kernel ran out of memory");
     if (rc != KVK_OK)
-        return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
-                        "kvs_attention: the attention kernel refused the batch (layer %u, "
-                        "%zu sequences, q_heads %u; a page is not mapped in the directory)",
-                        layer, nseq, q_heads);
+        return kvs_attn_refused(s, seqs, nseq, layer, q_heads);
     return KV_ERR_OK;
 }

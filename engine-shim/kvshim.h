@@ -11,7 +11,7 @@
  *     kvs_seq_extend(q, prompt + cached, n - cached);    // room for the new tokens
  *     for (layer ...) kvs_append(q, layer, k, v, KVS_F32, m);  // quantize into FP8 pages
  *     kvs_seq_commit(q);                          // seal full pages: the prefix is now shared
- *     kvs_attention(s, &q, 1, layer, qv, out);    // decode attention over the block table
+ *     kvs_attention(s, &q, 1, layer, q_heads, qv, 0.0f, out);  // decode; 0: 1/sqrt(d)
  *     kvs_seq_end(&q);
  *     kvs_close(&s);
  *
@@ -37,14 +37,32 @@
  * daemon-side sequence. Pages are written only while they belong to the sequence and are not
  * sealed: positions below the cached prefix are read-only.
  *
+ * Lost sequences: when a seal (kvs_seq_commit) or the seq_append of kvs_seq_extend fails with
+ * no usable reply (TIMEOUT, UNAVAILABLE, MALFORMED, INTERNAL) the daemon may have done it, and
+ * after a deduplicating seal the page id in the table may already belong to another session.
+ * The sequence is then lost: kvs_seq_extend, kvs_append, kvs_seq_commit and kvs_attention
+ * (with it anywhere in the batch) return FAILED_PRECONDITION ("sequence N: a seal timed out,
+ * its page table is no longer known; end it with kvs_seq_end and begin again"), and
+ * kvs_seq_pages returns 0. kvs_seq_end still closes it at the daemon. A refusal the daemon
+ * sends back (INVALID_ARGUMENT, FAILED_PRECONDITION, RESOURCE_EXHAUSTED ...) changed nothing,
+ * and the sequence stays usable.
+ *
  * Safe epoch: the shim's own kernels are synchronous (kvs_append and kvs_attention return
  * after the work is done), so libkvc's default safe-epoch mode is right.
  *
- * Errors: every call returns a kv_err_t (proto/kv_err.h); kvs_errmsg() names the problem
- * (the daemon's message, or the shim's own for a bad argument); kvs_errmsg(NULL) is the
- * message of the calling thread's last failed kvs_open (there is no kvs_t to carry it).
+ * Errors: every call returns a kv_err_t (proto/kv_err.h); kvs_errmsg() names the call and
+ * the problem (the daemon's message, or the shim's own for a bad argument) without repeating
+ * the code's name (print kv_err_name(code) beside it); kvs_errmsg(NULL) is the message of the
+ * calling thread's last failed kvs_open (there is no kvs_t to carry it).
  * Thread rule: one kvs_t per thread, like kvc_t. Sequences belong to their kvs_t: kvs_close
  * ends and frees the ones still open.
+ *
+ * Sessions: kvs_open opens a daemon session; kvs_close ends it (goodbye, client/kvc.h) when
+ * the daemon supports that, else it lives until the process exits. goodbye states that no
+ * kernel on the pools is in flight: the shim's are synchronous, but an engine that launches
+ * its own on the shim's pages synchronizes them before kvs_close. An open kvs_t that makes no
+ * call holds back the recycling of pages every session releases (docs/engine-shim.md,
+ * "Sessions"): open one kvs_t per worker thread, keep it busy or close it.
  */
 #ifndef KVSHIM_H
 #define KVSHIM_H
@@ -59,6 +77,11 @@
 extern "C" {
 #endif
 
+/* Most sequences in one kvs_attention call: the device kernel's grid has batch × KV_FMT_COUNT
+ * blocks in a dimension limited to 65535. The host path takes the same limit, so an engine's
+ * batching does not depend on the backend. */
+#define KVS_MAX_BATCH (65535u / KV_FMT_COUNT)
+
 typedef struct kvs_s kvs_t;
 typedef struct kvs_seq_s kvs_seq_t;
 
@@ -71,12 +94,17 @@ typedef enum kvs_dtype_e {
 typedef struct kvs_opts_s {
     const char *endpoint; /* required: the daemon's control endpoint */
     const char *ns;       /* namespace; NULL: the daemon's */
-    const char *name;     /* client name in kvctl sessions; NULL: "kvshim" */
+    const char *name;     /* client name in kvctl sessions, ≤ 256 bytes; NULL: "kvshim" */
     int timeout_ms;       /* per call; 0: 5000 */
 } kvs_opts_t;
 
 kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o);
-void kvs_close(kvs_t **s); /* ends open sequences first; NULL-safe */
+/* Ends the session at the daemon (goodbye: its sequences closed, its references dropped; on a
+ * daemon without goodbye the open sequences are closed one by one), closes the connection,
+ * frees every kvs_seq_t of s; *s = NULL. Synchronize any kernel of your own that reads the
+ * shim's pages first. NULL-safe. Waits at most one timeout when the daemon does not answer
+ * (what it did not hear of, it drops when the process exits). */
+void kvs_close(kvs_t **s);
 const char *kvs_errmsg(const kvs_t *s);
 const kv_geom_t *kvs_geom(const kvs_t *s);
 int kvs_on_device(const kvs_t *s); /* 1: tensors are device pointers */
@@ -85,25 +113,34 @@ int kvs_on_device(const kvs_t *s); /* 1: tensors are device pointers */
  * page_tokens, ≤ n; the engine computes K/V only from there). */
 kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **out,
                        size_t *cached);
-/* Make room for m more tokens (their ids: appended to the sequence's token list). */
+/* Make room for m more tokens (their ids: appended to the sequence's token list). All or
+ * nothing: on failure no page and no token was added. FAILED_PRECONDITION while some layer
+ * lacks K/V for a token already in the sequence (append every layer of the last extend first:
+ * kvs_append could never write those tokens afterwards). */
 kv_err_t kvs_seq_extend(kvs_seq_t *q, const uint32_t *tokens, size_t m);
 /* K/V of the first m (≤ the last kvs_seq_extend's m) tokens of the last kvs_seq_extend for one
  * layer: k, v [m][kv_heads][head_dim] of dtype. Quantized to FP8 (append kernel or its CPU
  * twin). Call it for every layer before kvs_seq_commit / kvs_attention of that layer. */
 kv_err_t kvs_append(kvs_seq_t *q, uint32_t layer, const void *k, const void *v, kvs_dtype_t dt,
                     size_t m);
-/* Seal the pages that are full and not sealed yet. */
+/* Seal the pages that are full and not sealed yet. FAILED_PRECONDITION while a layer lacks
+ * K/V for them, or, when sealing would reach into the last extend's tokens, for any of those. */
 kv_err_t kvs_seq_commit(kvs_seq_t *q);
 size_t kvs_seq_len(const kvs_seq_t *q);                            /* tokens in the sequence */
-size_t kvs_seq_pages(const kvs_seq_t *q, uint32_t *pages, size_t cap); /* block table */
-/* Decode attention of one query per sequence over its whole length (every token's K/V of
- * `layer` appended, else FAILED_PRECONDITION): q, out
+/* Block table: pages[cap] receives up to cap ids; returns the table's length (0 for a lost
+ * sequence). */
+size_t kvs_seq_pages(const kvs_seq_t *q, uint32_t *pages, size_t cap);
+/* Decode attention of one query per sequence (nseq ≤ KVS_MAX_BATCH) over its whole length
+ * (every token's K/V of `layer` appended, else FAILED_PRECONDITION): q, out
  * [nseq][q_heads][head_dim] float (q_heads a multiple of kv_heads; query head h reads KV head
  * h / (q_heads / kv_heads)). sm_scale 0: 1/sqrt(head_dim). On the GPU q must be 16-byte
  * aligned (INVALID_ARGUMENT otherwise; cudaMalloc'd buffers are). */
 kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t layer,
                        uint32_t q_heads, const float *q, float sm_scale, float *out);
-void kvs_seq_end(kvs_seq_t **q); /* releases the references; NULL-safe */
+/* Close the daemon-side sequence (dropping every reference of its table, a lost one's too) and
+ * free q; *q = NULL, whatever the status (the kvc_seq_close's; OK for NULL). After a failure
+ * the daemon still holds the table until the process exits. */
+kv_err_t kvs_seq_end(kvs_seq_t **q);
 
 #ifdef __cplusplus
 }

@@ -11,11 +11,22 @@
  * 3. A sealed prefix outlives kvs_seq_end; a prompt that is wholly cached still leaves its last
  *    page to compute, and committing it deduplicates to the cached page.
  * 4. f16 and bf16 inputs give the same FP8 page bytes as float inputs of the same values.
+ * 5. A seal that times out (the daemon stopped) loses the sequence: everything but kvs_seq_end
+ *    refuses it, even once the daemon has deduplicated the page behind the shim's back.
+ * 6. kvs_seq_extend is all or nothing: a request larger than the pool leaves no page held.
+ * 7. An extend or a commit that would leave tokens without K/V for good is refused.
+ * 8. kvs_close with many sequences and a stopped daemon waits one timeout, not one each;
+ *    kvs_close ends the daemon session (goodbye): 70 open/close cycles in one process, more
+ *    than max_sessions_per_pid, leave no session and no reference.
+ * 9. Limits: a client name over 256 bytes, a batch over KVS_MAX_BATCH; a daemon error's code
+ *    name appears once in the message.
  *
  * Geometry: itest's (2 layers, 2 KV heads, head_dim 64, 16-token pages).
  */
+#include <inttypes.h>
 #include <math.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -126,14 +137,19 @@ static kv_err_t attend(kvs_t *s, kvs_seq_t *q, float *out)
     return KV_ERR_OK;
 }
 
-static kvs_t *shim_open(const itest_kvd_t *k, const char *name)
+static kvs_t *shim_open_t(const itest_kvd_t *k, const char *name, int timeout_ms)
 {
     kvs_t *s = NULL;
-    kv_err_t e =
-        kvs_open(&s, &(kvs_opts_t){.endpoint = k->endpoint, .name = name, .timeout_ms = 30000});
+    kv_err_t e = kvs_open(
+        &s, &(kvs_opts_t){.endpoint = k->endpoint, .name = name, .timeout_ms = timeout_ms});
     if (e != KV_ERR_OK)
         fprintf(stderr, "kvs_open: %s\n", kvs_errmsg(NULL));
     return s;
+}
+
+static kvs_t *shim_open(const itest_kvd_t *k, const char *name)
+{
+    return shim_open_t(k, name, 30000);
 }
 
 /* ---- 1. two processes --------------------------------------------------------------------- */
@@ -478,6 +494,264 @@ static void test_f16_bf16_inputs_write_the_float_pages(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* ---- 5. a seal that times out ------------------------------------------------------------ */
+
+/* Reviewer's scenario (e8/e9): A seals a prompt; B computes the same two pages and commits
+ * while the daemon is stopped, past B's timeout. The daemon then deduplicates B's first page
+ * to A's and retires B's, which another session may be given next; before the fix B kept the
+ * retired id in its table, attended over it and could write it. Now B's sequence is lost. */
+static void test_seal_timeout_loses_the_sequence(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvs_t *a = shim_open(&k, "sealer A");
+    kvs_t *b = shim_open_t(&k, "stalled B", 1000);
+    assert_non_null(a);
+    assert_non_null(b);
+    uint32_t tok[2 * PT];
+    prompt(5, tok, 2 * PT);
+    kvs_seq_t *qa, *qb, *other;
+    size_t cached;
+    assert_int_equal(kvs_seq_begin(a, tok, 2 * PT, &qa, &cached), KV_ERR_OK);
+    assert_int_equal(kvs_seq_extend(qa, tok, 2 * PT), KV_ERR_OK);
+    assert_int_equal(fill(qa, 0, 2 * PT, KVS_F32), KV_ERR_OK);
+    assert_int_equal(kvs_seq_commit(qa), KV_ERR_OK);
+    /* B starts from one token so that nothing is cached for it */
+    assert_int_equal(kvs_seq_begin(b, tok, 1, &qb, &cached), KV_ERR_OK);
+    assert_int_equal(kvs_seq_extend(qb, tok, 2 * PT), KV_ERR_OK);
+    assert_int_equal(fill(qb, 0, 2 * PT, KVS_F32), KV_ERR_OK);
+    assert_int_equal(kvs_seq_begin(b, tok, 1, &other, &cached), KV_ERR_OK);
+    assert_int_equal(kvs_seq_extend(other, tok, 3), KV_ERR_OK);
+    assert_int_equal(fill(other, 0, 3, KVS_F32), KV_ERR_OK);
+    const uint64_t dd0 = itest_stat(&k, "seal_dedupes");
+    assert_int_equal(kill(k.pid, SIGSTOP), 0);
+    kv_err_t e = kvs_seq_commit(qb);
+    assert_int_equal(kill(k.pid, SIGCONT), 0);
+    expect(e, KV_ERR_TIMEOUT, b, "is lost: end it with kvs_seq_end");
+    /* the daemon did the seal after all: B's page 0 was replaced by A's */
+    assert_true(itest_wait_stat(&k, "seal_dedupes", dd0 + 1, 30000) >= 0);
+    const kv_err_t PRE = KV_ERR_FAILED_PRECONDITION;
+    const char *lost = "a seal timed out, its page table is no longer known";
+    float kv[2 * PT * ROW] = {0}, qv[2 * QH * HD] = {0}, out[2 * QH * HD];
+    expect(kvs_seq_commit(qb), PRE, b, lost);
+    expect(kvs_append(qb, 0, kv, kv, KVS_F32, 1), PRE, b, lost);
+    expect(kvs_seq_extend(qb, tok, 1), PRE, b, lost);
+    kvs_seq_t *batch[2] = {other, qb};
+    expect(kvs_attention(b, batch, 2, 0, QH, qv, 0, out), PRE, b, "seqs[1] is sequence");
+    assert_int_equal(kvs_seq_pages(qb, NULL, 0), 0);
+    /* the session's other sequence is unaffected */
+    assert_int_equal(kvs_attention(b, batch, 1, 0, QH, qv, 0, out), KV_ERR_OK);
+    assert_int_equal(kvs_seq_end(&qb), KV_ERR_OK);
+    assert_null(qb);
+    assert_int_equal(kvs_seq_end(&other), KV_ERR_OK);
+    /* B holds nothing now: only A's two pages are referenced */
+    assert_int_equal(itest_stat(&k, "request_refs"), 2);
+    kvs_close(&b);
+    kvs_close(&a);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+/* ---- 6. extend is all or nothing ---------------------------------------------------------- */
+
+/* Reviewer's scenario (e1/e11): 2000 pages asked of a 1500-page pool. The shim allocates in
+ * chunks of 1024; the second chunk fails. Before the fix the first 1024 pages stayed in the
+ * sequence (request_refs 1024) and starved every other client until kvs_seq_end. */
+static void test_extend_larger_than_the_pool_holds_nothing(void **state)
+{
+    (void)state;
+    const char *const extra[] = {"--pages_fp8", "1500", NULL};
+    itest_kvd_t k;
+    itest_kvd_start(&k, extra);
+    kvs_t *s = shim_open(&k, "greedy");
+    assert_non_null(s);
+    const size_t n = 2000 * PT;
+    uint32_t *tok = malloc(n * sizeof *tok);
+    assert_non_null(tok);
+    prompt(6, tok, n);
+    kvs_seq_t *q;
+    size_t cached;
+    assert_int_equal(kvs_seq_begin(s, tok, 3, &q, &cached), KV_ERR_OK);
+    kv_err_t e = kvs_seq_extend(q, tok, n);
+    expect(e, KV_ERR_RESOURCE_EXHAUSTED, s, "kvs_seq_extend: kvc_alloc: ");
+    /* the code is the return value; the message does not repeat it */
+    assert_null(strstr(kvs_errmsg(s), "RESOURCE_EXHAUSTED"));
+    assert_int_equal(kvs_seq_len(q), 0);
+    assert_int_equal(kvs_seq_pages(q, NULL, 0), 0);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    /* a refusal leaves the sequence usable (one of the 476 pages never handed out) */
+    assert_int_equal(kvs_seq_extend(q, tok, 3), KV_ERR_OK);
+    assert_int_equal(kvs_seq_pages(q, NULL, 0), 1);
+    /* another client gets the rest of the pool, once the 1024 released pages are recycled:
+     * that waits for every session's epoch report (docs/protocol.md "Epochs"), so B keeps
+     * calling */
+    kvc_t *c = itest_connect(&k, "the rest");
+    uint32_t *pages = malloc(1499 * sizeof *pages);
+    assert_non_null(pages);
+    for (int64_t t0 = itest_now_us(); itest_now_us() - t0 < 30000000;) {
+        kvs_seq_t *tick;
+        assert_int_equal(kvs_seq_begin(s, tok, 1, &tick, &cached), KV_ERR_OK);
+        assert_int_equal(kvs_seq_end(&tick), KV_ERR_OK);
+        if ((e = kvc_alloc(c, KV_FMT_FP8, 1499, pages)) != KV_ERR_RESOURCE_EXHAUSTED)
+            break;
+        usleep(5000);
+    }
+    assert_int_equal(e, KV_ERR_OK);
+    assert_int_equal(kvc_release(c, pages, 1499), KV_ERR_OK);
+    kvc_close(&c);
+    assert_int_equal(kvs_seq_end(&q), KV_ERR_OK);
+    kvs_close(&s);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    free(pages);
+    free(tok);
+}
+
+/* ---- 7. tokens that could never get K/V --------------------------------------------------- */
+
+/* Reviewer's scenario (e4): extend 20, append only 10 of them, extend 1 more. kvs_append
+ * writes only the last extend's tokens, so tokens 10..19 could never be written and the
+ * sequence could never be committed or attended. Now that extend is refused; so is a commit
+ * that would seal into an extend whose tokens are not all appended. */
+static void test_extend_or_commit_before_append_refused(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvs_t *s = shim_open(&k, "hasty");
+    assert_non_null(s);
+    uint32_t tok[NTOK];
+    prompt(7, tok, NTOK);
+    kvs_seq_t *q;
+    size_t cached;
+    const kv_err_t PRE = KV_ERR_FAILED_PRECONDITION;
+    float kv[NTOK * ROW] = {0};
+    assert_int_equal(kvs_seq_begin(s, tok, 20, &q, &cached), KV_ERR_OK);
+    assert_int_equal(kvs_seq_extend(q, tok, 20), KV_ERR_OK);
+    assert_int_equal(kvs_append(q, 0, kv, kv, KVS_F32, 20), KV_ERR_OK);
+    expect(kvs_seq_extend(q, tok + 20, 1), PRE, s, "layer 1 has K/V for 0 of the sequence's 20");
+    assert_int_equal(kvs_append(q, 1, kv, kv, KVS_F32, 10), KV_ERR_OK);
+    expect(kvs_seq_extend(q, tok + 20, 1), PRE, s, "layer 1 has K/V for 10 of the sequence's 20");
+    /* page 0 is fully written, but sealing it would strand tokens 17..19 of layer 1 */
+    assert_int_equal(fill(q, 0, 17, KVS_F32), KV_ERR_OK);
+    expect(kvs_seq_commit(q), PRE, s, "sealing would leave the rest unwritable");
+    assert_int_equal(fill(q, 0, 20, KVS_F32), KV_ERR_OK);
+    assert_int_equal(kvs_seq_commit(q), KV_ERR_OK);
+    assert_int_equal(kvs_seq_extend(q, tok + 20, 1), KV_ERR_OK);
+    assert_int_equal(fill(q, 20, 1, KVS_F32), KV_ERR_OK);
+    float out[OUTN];
+    assert_int_equal(attend(s, q, out), KV_ERR_OK);
+    kvs_close(&s);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+/* ---- 8. kvs_close against a stopped daemon ------------------------------------------------ */
+
+/* Reviewer's scenario (e5): 8 live sequences and a daemon that does not answer; kvs_close sent
+ * one seq_close each and waited a full timeout for each (8 s at 1 s). Now it stops after the
+ * first timeout. Bound: 3 timeouts, well below the 8 of before on a loaded machine. */
+static void test_close_waits_one_timeout(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    const int timeout_ms = 500;
+    kvs_t *s = shim_open_t(&k, "closing", timeout_ms);
+    assert_non_null(s);
+    uint32_t tok[3] = {1, 2, 3};
+    for (int i = 0; i < 8; i++) {
+        kvs_seq_t *q;
+        size_t cached;
+        assert_int_equal(kvs_seq_begin(s, tok, 3, &q, &cached), KV_ERR_OK);
+    }
+    assert_int_equal(kill(k.pid, SIGSTOP), 0);
+    int64_t t0 = itest_now_us();
+    kvs_close(&s);
+    int64_t ms = (itest_now_us() - t0) / 1000;
+    assert_int_equal(kill(k.pid, SIGCONT), 0);
+    fprintf(stderr, "[ shim ] kvs_close, 8 sequences, daemon stopped: %" PRId64
+                    " ms (timeout %d)\n",
+            ms, timeout_ms);
+    assert_null(s);
+    assert_true(ms < 3 * timeout_ms);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+/* Reviewer's scenario (e2/e3): kvs_close left the session alive until the process exited, so
+ * the 65th kvs_open of a process was refused (max_sessions_per_pid 64) and a closed kvs_t held
+ * back the recycling of every page others released. kvs_close now says goodbye. */
+static void test_close_ends_the_session(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    uint32_t tok[2 * PT];
+    prompt(8, tok, 2 * PT);
+    for (int i = 0; i < 70; i++) {
+        kvs_t *s = shim_open(&k, "one per request");
+        assert_non_null(s);
+        kvs_seq_t *q;
+        size_t cached;
+        assert_int_equal(kvs_seq_begin(s, tok, 2 * PT, &q, &cached), KV_ERR_OK);
+        assert_int_equal(kvs_seq_extend(q, tok + cached, 2 * PT - cached), KV_ERR_OK);
+        kvs_close(&s); /* q still open, holding two pages */
+    }
+    assert_int_equal(itest_stat(&k, "sessions"), 0);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    assert_int_equal(itest_stat(&k, "sequences"), 0);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+/* ---- 9. limits ---------------------------------------------------------------------------- */
+
+static void test_name_and_batch_limits(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    /* 256 bytes (the protocol's limit) go through whole; 257 are refused, not cut */
+    char name[258];
+    memset(name, 'n', sizeof name);
+    name[256] = '\0';
+    kvs_t *s = shim_open(&k, name);
+    assert_non_null(s);
+    char out[8192];
+    const char *sessions[] = {"sessions", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, sessions), 0);
+    assert_non_null(strstr(out, name));
+    kvs_t *s2 = NULL;
+    name[256] = 'n';
+    name[257] = '\0';
+    expect(kvs_open(&s2, &(kvs_opts_t){.endpoint = k.endpoint, .name = name}),
+           KV_ERR_INVALID_ARGUMENT, NULL, "opts.name is 257 bytes (the protocol allows 256)");
+    assert_null(s2);
+    /* one batch at most KVS_MAX_BATCH sequences, whatever the backend */
+    uint32_t tok[PT];
+    prompt(9, tok, PT);
+    kvs_seq_t *q;
+    size_t cached;
+    assert_int_equal(kvs_seq_begin(s, tok, PT, &q, &cached), KV_ERR_OK);
+    size_t nseq = (size_t)KVS_MAX_BATCH + 1;
+    kvs_seq_t **many = malloc(nseq * sizeof *many);
+    assert_non_null(many);
+    for (size_t i = 0; i < nseq; i++)
+        many[i] = q;
+    /* refused before q and out are read: one query's worth is enough */
+    float qv[QH * HD] = {0}, o[QH * HD];
+    expect(kvs_attention(s, many, nseq, 0, QH, qv, 0, o), KV_ERR_INVALID_ARGUMENT, s,
+           "at most KVS_MAX_BATCH = 32767");
+    free(many);
+    kvs_close(&s);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -485,6 +759,12 @@ int main(void)
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_prefix_outlives_end_and_full_hit_leaves_a_page),
         cmocka_unit_test(test_f16_bf16_inputs_write_the_float_pages),
+        cmocka_unit_test(test_seal_timeout_loses_the_sequence),
+        cmocka_unit_test(test_extend_larger_than_the_pool_holds_nothing),
+        cmocka_unit_test(test_extend_or_commit_before_append_refused),
+        cmocka_unit_test(test_close_waits_one_timeout),
+        cmocka_unit_test(test_close_ends_the_session),
+        cmocka_unit_test(test_name_and_batch_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
