@@ -7,7 +7,10 @@
  *  - deploy/kvd.conf and the kvd.conf block of the Kubernetes ConfigMap pass --check-config;
  *  - deploy/kvd-svc (systemd ExecStop / k8s preStop): drain refuses new work and waits, bounded,
  *    while a client session is attached, and returns at once when none is; ready fails while
- *    draining, live does not;
+ *    draining, live does not; a bad kvctl path is said as such, kvctl's reason for no answer is
+ *    passed on, and the kvctl beside the script is found through a symlink to it;
+ *  - regressions pinned in the text of the files: the epoch lag guard, the unit's Assert, the
+ *    namespace's Pod Security label;
  *  - deploy/k8s/kvd-node starts one daemon per (pretend) GPU, probes them, and stops cleanly;
  *  - deploy/bundle.sh makes a tarball whose checksum verifies and whose unpacked kvd serves.
  *
@@ -382,6 +385,18 @@ static void test_svc_drain_and_probes(void **state)
     assert_int_equal(sh(out, sizeof out, "%s wait", svc), 0);
     assert_int_equal(sh(out, sizeof out, "%s ready", svc), 0);
     assert_int_equal(sh(out, sizeof out, "%s live", svc), 0);
+    /* Called through a symlink (/usr/local/bin/kvd-svc -> /opt/kvd/bin/kvd-svc), with no
+     * kvctl on PATH: the kvctl beside the link's target is the one found. */
+    char tdir[] = "/tmp/kvd-it-svclink-XXXXXX";
+    assert_non_null(mkdtemp(tdir));
+    int lrc = sh(out, sizeof out,
+                 "mkdir '%s/real' '%s/link' && cp '%s' '%s/real/kvd-svc' && "
+                 "ln -s '%s' '%s/real/kvctl' && ln -s ../real/kvd-svc '%s/link/kvd-svc' && "
+                 "env -u KVCTL PATH=/usr/bin:/bin sh '%s/link/kvd-svc' --endpoint '%s' live",
+                 tdir, tdir, DEPLOY "/kvd-svc", tdir, KVCTL_BIN, tdir, tdir, tdir, k.endpoint);
+    if (lrc != 0)
+        fail_msg("kvd-svc through a symlink (rc %d):\n%s", lrc, out);
+    sh(out, sizeof out, "rm -rf '%s'", tdir);
 
     /* A session attached, held by a child process: a session ends only when its process
      * exits (there is no goodbye), so the child's exit is what lets the second drain finish. */
@@ -435,8 +450,55 @@ static void test_svc_drain_and_probes(void **state)
     /* No daemon: drain is a no-op that lets the stop proceed; probes fail; bad use is exit 2. */
     assert_int_equal(sh(out, sizeof out, "%s drain", svc), 0);
     assert_int_not_equal(sh(out, sizeof out, "%s live", svc), 0);
+    /* kvctl's reason reaches the probe's output (it was thrown away) */
+    if (!strstr(out, "no socket file"))
+        fail_msg("kvd-svc live without a daemon does not say why:\n%s", out);
     assert_int_not_equal(sh(out, sizeof out, "%s --timeout 1 wait", svc), 0);
     assert_int_equal(sh(out, sizeof out, "%s frobnicate", svc), 2);
+    /* a wrong kvctl is reported as such, not as a daemon that does not answer */
+    assert_int_equal(sh(out, sizeof out, "sh '%s' --kvctl /nonexistent/kvctl --endpoint '%s' live",
+                        DEPLOY "/kvd-svc", k.endpoint),
+                     2);
+    if (!strstr(out, "/nonexistent/kvctl") || strstr(out, "no answer"))
+        fail_msg("kvd-svc with a bad --kvctl said:\n%s", out);
+}
+
+/* ---- regressions pinned in the files' text ------------------------------------------------ */
+
+/* Each was a review finding; the files are not executable here (no Prometheus, systemd or
+ * cluster in CI), so the test holds the fixed text in place. */
+static void test_deploy_text_regressions(void **state)
+{
+    (void)state;
+    /* kvd_min_safe_epoch is 0 with no unfenced session: the lag was the whole epoch then */
+    char *rules = slurp(DEPLOY "/prometheus/kvd-rules.yml");
+    const char *lag = strstr(rules, "record: kvd:epoch_lag");
+    assert_non_null(lag);
+    const char *next = strstr(lag + 1, "- record:");
+    const char *guard = strstr(lag, "kvd_min_safe_epoch > 0");
+    if (!guard || (next && guard > next))
+        fail_msg("kvd:epoch_lag does not guard kvd_min_safe_epoch == 0");
+    free(rules);
+    /* a missing config failed the unit's Condition silently (inactive, exit 0) */
+    const char *units[] = {DEPLOY "/kvd@.service", DEPLOY "/kvd-mps@.service", NULL};
+    for (int i = 0; units[i]; i++) {
+        char *u = slurp(units[i]);
+        if (strstr(u, "\nConditionPath"))
+            fail_msg("%s: a Condition skips the unit silently; use Assert", units[i]);
+        free(u);
+    }
+    char *unit = slurp(DEPLOY "/kvd@.service");
+    assert_non_null(strstr(unit, "\nAssertPathExists=/etc/kvd/kvd-%i.conf"));
+    free(unit);
+    /* hostPID and hostPath need the privileged Pod Security level in kvd-system */
+    char *yaml = slurp(DEPLOY "/k8s/kvd-daemonset.yaml");
+    const char *ns = strstr(yaml, "kind: Namespace");
+    assert_non_null(ns);
+    const char *end = strstr(ns, "\n---");
+    const char *label = strstr(ns, "pod-security.kubernetes.io/enforce: privileged");
+    if (!label || (end && label > end))
+        fail_msg("the kvd-system Namespace lacks pod-security.kubernetes.io/enforce: privileged");
+    free(yaml);
 }
 
 /* ---- kvd-node: the DaemonSet's entry point, two pretend GPUs on the host backend --------- */
@@ -598,6 +660,7 @@ int main(void)
         cmocka_unit_test(test_rules_and_dashboards_use_exported_names),
         cmocka_unit_test(test_example_configs_check),
         cmocka_unit_test(test_svc_drain_and_probes),
+        cmocka_unit_test(test_deploy_text_regressions),
         cmocka_unit_test(test_node_runs_one_daemon_per_gpu),
         cmocka_unit_test(test_bundle_unpacks_and_serves),
     };
