@@ -19,13 +19,16 @@ tensor's data_ptr()) or objects with __cuda_array_interface__, dtype 'f16' or 'b
 `out` device address to attention.
 
 The library: the `lib` argument, else $KVSHIM_LIB, else libkvshim.so beside this file, else the
-dynamic linker's search path. Errors raise KvsError(code, name, message) with the shim's words.
+dynamic linker's search path. Errors raise KvsError(code, name, message) with the shim's words;
+arguments ctypes would silently truncate (a layer or q_heads outside 0..2**32-1, negative token
+ids, an unknown dtype) raise ValueError before the call.
 Thread rule: one Shim per thread (as kvs_t). A Shim is not usable in a process forked after it
 was opened (ZeroMQ); open one per process.
 """
 
 import ctypes
 import ctypes.util
+import operator
 import os
 from array import array
 
@@ -36,6 +39,7 @@ _DTYPES = {"f32": F32, "float32": F32, "f16": F16, "float16": F16, "bf16": BF16,
            "bfloat16": BF16, F32: F32, F16: F16, BF16: BF16}
 _ITEMSIZE = {F32: 4, F16: 2, BF16: 2}
 _FORMATS = {"f": F32, "e": F16}
+_U32_MAX = 2**32 - 1
 
 
 class KvsError(Exception):
@@ -91,7 +95,7 @@ def _load(path=None):
         "kvs_seq_pages": (_SIZE, [_P, _U32P, _SIZE]),
         "kvs_attention": (ctypes.c_int, [_P, ctypes.POINTER(_P), _SIZE, ctypes.c_uint32,
                                          ctypes.c_uint32, _P, ctypes.c_float, _P]),
-        "kvs_seq_end": (None, [ctypes.POINTER(_P)]),
+        "kvs_seq_end": (ctypes.c_int, [ctypes.POINTER(_P)]),
         "kv_err_name": (ctypes.c_char_p, [ctypes.c_int]),
     }
     for name, (res, args) in sig.items():
@@ -100,16 +104,48 @@ def _load(path=None):
     return lib
 
 
-def _u32(tokens):
-    """tokens as a contiguous uint32 array (no copy for array('I') of 4-byte items)."""
+def _u32(tokens, what, empty="no tokens"):
+    """tokens as a contiguous uint32 array (no copy for array('I') of 4-byte items); an empty
+    one (`empty` says why that is wrong) or an id outside uint32 is a ValueError naming
+    `what`, not array's OverflowError or the shim's "tokens is NULL"."""
     if isinstance(tokens, array) and tokens.typecode == "I" and tokens.itemsize == 4:
         a = tokens
     else:
-        a = array("I", tokens)
+        if not isinstance(tokens, (list, tuple, range)):
+            tokens = list(tokens)  # an iterator: the error path below reads it again
+        try:
+            a = array("I", tokens)
+        except OverflowError:
+            i, t = next((i, t) for i, t in enumerate(tokens) if not 0 <= t <= _U32_MAX)
+            raise ValueError(f"{what}: token id {t} at index {i} is outside 0..2**32-1") from None
+    if len(a) == 0:
+        raise ValueError(f"{what}: {empty}")
     if a.itemsize != 4:
         raise TypeError("array('I') is not 4 bytes on this platform")
     addr, n = a.buffer_info()
     return a, ctypes.cast(addr, _U32P), n
+
+
+def _uint(value, what, limit=None):
+    """value as an int in 0..2**32-1 (and below limit when given), else ValueError: a ctypes
+    c_uint32 argument would silently keep the low 32 bits (layer 2**32 wrote layer 0)."""
+    try:
+        value = operator.index(value)  # ints, numpy integers; not floats
+    except TypeError:
+        raise TypeError(f"{what} is {type(value).__name__}, not an integer") from None
+    top = _U32_MAX if limit is None else limit - 1
+    if not 0 <= value <= top:
+        raise ValueError(f"{what} = {value} is outside 0..{top}")
+    return value
+
+
+def _dtype(dtype):
+    """kvs_dtype_t of a dtype name or constant; ValueError naming the accepted ones."""
+    try:
+        return _DTYPES[dtype]
+    except (KeyError, TypeError):
+        names = ", ".join(repr(k) for k in _DTYPES if isinstance(k, str))
+        raise ValueError(f"dtype {dtype!r}: one of {names} (or kvshim.F32, F16, BF16)") from None
 
 
 def _dev_ptr(obj):
@@ -169,7 +205,7 @@ class Shim:
         """Start a sequence for a prompt: (Seq, cached) — the first `cached` tokens come from
         the prefix cache; compute K/V from there on (Seq.extend(tokens[cached:]))."""
         self._live()
-        _, ptr, n = _u32(tokens)
+        _, ptr, n = _u32(tokens, "begin", "empty prompt (a sequence starts with a token)")
         q, cached = _P(), _SIZE()
         self._check(self._lib.kvs_seq_begin(self._s, ptr, n, ctypes.byref(q),
                                             ctypes.byref(cached)))
@@ -181,6 +217,8 @@ class Shim:
         """Decode attention, one query per sequence: q [nseq][q_heads][head_dim] float32.
         Returns out (array('f') on the host unless given)."""
         self._live()
+        _uint(layer, "layer", self.geom.layers)
+        _uint(q_heads, "q_heads")
         seqs = list(seqs)
         for sq in seqs:
             if not isinstance(sq, Seq) or sq._shim is not self or not sq._q:
@@ -243,19 +281,22 @@ class Seq:
 
     def extend(self, tokens):
         """Room for more tokens (their ids)."""
-        _, ptr, n = _u32(tokens)
+        _, ptr, n = _u32(tokens, "extend")
         self._shim._check(self._shim._lib.kvs_seq_extend(self._h(), ptr, n))
 
     def append(self, layer, k, v, dtype=None, m=None):
         """K/V of the tokens of the last extend for one layer: [m][kv_heads][head_dim]."""
         h = self._h()
         g = self._shim.geom
+        _uint(layer, "layer", g.layers)
+        if m is not None:
+            _uint(m, "m")
         row = g.kv_heads * g.head_dim
         if self._shim.on_device:
             ka, va = _dev_ptr(k), _dev_ptr(v)
             if ka is None or va is None:
                 raise TypeError("device backend: k and v must be device addresses")
-            dt = _DTYPES[dtype if dtype is not None else "f16"]
+            dt = _dtype(dtype if dtype is not None else "f16")
             if m is None:
                 raise ValueError("device backend: give m")
             keep = None
@@ -268,7 +309,7 @@ class Seq:
                     raise TypeError(f"buffer format {kf!r}: give dtype ('f32', 'f16', 'bf16')")
                 dt = _FORMATS[kf]
             else:
-                dt = _DTYPES[dtype]
+                dt = _dtype(dtype)
             per = row * _ITEMSIZE[dt]
             if kb != vb or kb % per:
                 raise ValueError(f"k and v must be [m][{g.kv_heads}][{g.head_dim}] of the same "
@@ -297,8 +338,11 @@ class Seq:
         return a
 
     def end(self):
-        """Release the sequence (sealed pages stay cached). Idempotent."""
+        """Release the sequence (sealed pages stay cached). Idempotent. The handle is freed
+        either way; KvsError when the daemon did not confirm (the daemon then drops the
+        sequence when the session ends)."""
         if self._q:
-            self._shim._lib.kvs_seq_end(ctypes.byref(self._q))
+            e = self._shim._lib.kvs_seq_end(ctypes.byref(self._q))
             self._shim._seqs.discard(self)
             self._q = None
+            self._shim._check(e)

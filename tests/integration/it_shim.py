@@ -10,6 +10,11 @@ daemon on the host backend, the same flow as it_shim.c's first test:
   its attention output equals A's bit for bit. Errors surface as KvsError with the shim's
   message. The daemon is stopped with SIGTERM and must exit 0; the directory is removed.
 
+  Then the binding's own checks (review of the engine shim, /tmp/rev-shim-work e10): a layer,
+  q_heads or token id that ctypes would truncate, an unknown dtype and an empty prompt raise
+  ValueError before the call (a layer of 2**32 used to write layer 0); a daemon error names
+  its code once; Seq.end() raises when the daemon does not confirm (it used to ignore it).
+
 usage: it_shim.py --kvd PATH --lib LIBKVSHIM --pydir DIR   (ctest passes these)
 """
 
@@ -87,6 +92,54 @@ def check(cond, what):
         raise AssertionError(what)
 
 
+def raises(exc, words, fn, *args, **kw):
+    """fn(*args, **kw) raises exc with `words` in its message; returns the exception."""
+    try:
+        fn(*args, **kw)
+    except exc as e:
+        check(words in str(e), f"{exc.__name__} without {words!r}: {e}")
+        return e
+    raise AssertionError(f"{fn.__name__}{args} did not raise {exc.__name__} ({words!r})")
+
+
+def check_binding(kvshim, s, endpoint, kvd):
+    """Arguments refused by the binding, a daemon error's message, Seq.end() failing."""
+    raises(ValueError, "empty prompt", s.begin, [])
+    seq, _ = s.begin([7, 8, 9])
+    seq.extend([7, 8, 9])
+    kv = array("f", bytes(4 * 3 * KVH * HD))
+    raises(ValueError, "layer = 4294967296", seq.append, 2**32, kv, kv)
+    raises(ValueError, "layer = -1", seq.append, -1, kv, kv)
+    raises(ValueError, "dtype 'fp16': one of 'f32'", seq.append, 0, kv, kv, dtype="fp16")
+    q = array("f", bytes(4 * QH * HD))
+    raises(ValueError, "q_heads = -4", s.attention, [seq], 0, q, q_heads=-4)
+    raises(ValueError, "q_heads = 4294967300", s.attention, [seq], 0, q, q_heads=2**32 + 4)
+    raises(ValueError, "layer = 4294967296", s.attention, [seq], 2**32, q, q_heads=QH)
+    raises(ValueError, "token id -1 at index 1", seq.extend, [5, -1])
+    raises(ValueError, "token id 4294967296", seq.extend, [2**32])
+    # the 3 tokens must have K/V in every layer before the sequence grows again
+    e = raises(kvshim.KvsError, "layer 0 has K/V for 0 of the sequence's 3", seq.extend, [1])
+    check(e.name == "FAILED_PRECONDITION", str(e))
+    for layer in range(LAYERS):
+        seq.append(layer, kv, kv)
+    # 255 more pages of a 256-page pool: the daemon's RESOURCE_EXHAUSTED, its name said once
+    e = raises(kvshim.KvsError, "kvs_seq_extend: kvc_alloc", seq.extend, list(range(255 * PT)))
+    check(e.name == "RESOURCE_EXHAUSTED" and str(e).count("RESOURCE_EXHAUSTED") == 1, str(e))
+    check(len(seq) == 3, f"a failed extend changed the length to {len(seq)}")
+    seq.end()
+    # Seq.end() against a stopped daemon: TIMEOUT raised, the handle freed anyway
+    t = kvshim.Shim(endpoint, name="py-stalled", timeout_ms=300)
+    q3, _ = t.begin([5])
+    os.kill(kvd.pid, signal.SIGSTOP)
+    try:
+        e = raises(kvshim.KvsError, "kvs_seq_end: kvc_seq_close", q3.end)
+    finally:
+        os.kill(kvd.pid, signal.SIGCONT)
+    check(e.name == "TIMEOUT", str(e))
+    q3.end()  # ended: a no-op
+    t.close()
+
+
 def start_kvd(kvd, d):
     endpoint = f"ipc://{d}/run/kvd.sock"
     log = open(os.path.join(d, "kvd.log"), "wb")
@@ -137,12 +190,8 @@ def main():
         check(cached == 0, f"A: cached {cached}, want 0")
         seq.extend(tok)
         check(len(seq) == NTOK, f"len {len(seq)}")
-        try:
-            seq.append(LAYERS, array("f", bytes(4 * NTOK * KVH * HD)),
-                       array("f", bytes(4 * NTOK * KVH * HD)))
-            check(False, "append to a layer past the model's went through")
-        except kvshim.KvsError as e:
-            check(e.name == "INVALID_ARGUMENT" and "layer 2" in e.message, str(e))
+        raises(ValueError, "layer = 2 is outside 0..1", seq.append, LAYERS,
+               array("f", bytes(4 * NTOK * KVH * HD)), array("f", bytes(4 * NTOK * KVH * HD)))
         try:
             s.attention([seq], 0, query(), q_heads=QH)
             check(False, "attention before append went through")
@@ -165,6 +214,7 @@ def main():
         check(b["head"] == pages[:2], f"B's table {b['head']} does not start with A's {pages}")
         check(b["pages"][:2] == pages[:2] and b["pages"][2] != pages[2], f"B {b['pages']}")
         check(bytes.fromhex(b["out"]) == out_a.tobytes(), "B's attention differs from A's")
+        check_binding(kvshim, s, endpoint, p)
         seq.end()
         seq.end()  # idempotent
         s.close()
