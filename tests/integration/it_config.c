@@ -3,7 +3,9 @@
  * `kvctl config get` and in deploy/kvd.conf; --check-config names the line and key of each
  * error; runtime-mutable keys change through kvctl, the others are refused. Also: SIGTERM makes
  * the daemon exit 0 while a client session is attached, and lease expiry of a silent client is
- * visible in kvctl sessions without freeing its pages. */
+ * visible in kvctl sessions without freeing its pages. The operator-surface regressions: values
+ * only startup refused, a directory as config, duplicate keys, --config=FILE, SIGHUP, one
+ * daemon per endpoint/snapshot_dir, and kvctl's usage and socket errors. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,15 +25,13 @@
 
 #include "itest.h"
 
-static const char *const keys[] = {"endpoint", "backend", "namespace", "layers", "kv_heads",
-                                   "head_dim", "page_tokens", "seed", "pages_fp8", "pages_tq3",
-                                   "cache_quota", "admit_uids", "admit_gids", "socket_group", "lease_ms",
-                                   "epoch_ms", "max_msg_bytes", "max_alloc", "max_tokens", "max_sessions_per_pid",
-                                   "metrics_port", "metrics_addr", "log_level", "lifecycle_ms",
-                                   "recent_pages", "anchor_pages", "retier_batch",
-                                   "fp8_low_watermark", "cache_retier_ms",
-                                   "events_endpoint", "events_hwm", "events_batch",
-                                   "events_tokens", "snapshot_dir", "snapshot_ms", NULL};
+static const char *const keys[] = {
+    "endpoint", "backend", "namespace", "layers", "kv_heads", "head_dim", "page_tokens", "seed",
+    "pages_fp8", "pages_tq3", "cache_quota", "admit_uids", "admit_gids", "socket_group",
+    "lease_ms", "epoch_ms", "max_msg_bytes", "max_alloc", "max_tokens", "max_sessions_per_pid",
+    "metrics_port", "metrics_addr", "log_level", "lifecycle_ms", "recent_pages", "anchor_pages",
+    "retier_batch", "fp8_low_watermark", "cache_retier_ms", "events_endpoint", "events_hwm",
+    "events_batch", "events_tokens", "snapshot_dir", "snapshot_ms", NULL};
 
 static void test_help_and_check_config(void **state)
 {
