@@ -517,12 +517,18 @@ fail_free:
     return e;
 }
 
-/* Hand back n loose pages this call allocated, after a failure e already reported. */
+/* Hand back n loose pages this call allocated, after a failure e already reported. The
+ * released pages are recycled only once every session has reported an epoch past their
+ * retire stamp, and this session's last report predates the release: a heartbeat reports the
+ * release reply's epoch at once, so that another client can have them now rather than after
+ * this engine's next call (the failure is usually an exhausted pool). */
 static kv_err_t kvs_give_back(kvs_t *s, const uint32_t *pages, size_t n, kv_err_t e)
 {
     if (n == 0)
         return e;
     kv_err_t r = kvc_release(s->c, pages, n);
+    if (r == KV_ERR_OK)
+        r = kvc_heartbeat(s->c, 0); /* 0: libkvc reports the latest epoch seen */
     if (r != KV_ERR_OK)
         kvs_fail_more(s, "; kvc_release of the %zu pages this call allocated: %s (%s)", n,
                       kvs_kvc_why(s->c, r), kv_err_name(r));
