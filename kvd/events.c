@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "kvproto.h"
@@ -49,6 +50,8 @@ typedef struct ev_ent_s {
 
 struct kvd_events_s {
     void *pub;
+    char ipc_path[256]; /* ipc:// endpoints: the socket file, removed at free; else "" */
+    int lock_fd;        /* kvd_lock_file of ipc_path + ".lock" (one daemon per socket), or -1 */
     uv_check_t check;
     char *ns;
     uint64_t instance, seq;
@@ -344,6 +347,17 @@ int kvd_events_init(kvd_events_t **out, uv_loop_t *loop, const kvd_events_opts_t
         snprintf(err, errlen, "events: out of memory");
         return -1;
     }
+    e->lock_fd = -1;
+    if (strncmp(o->endpoint, "ipc://", 6) == 0) { /* prepare_ipc checked the length */
+        char lock[300];
+        snprintf(e->ipc_path, sizeof e->ipc_path, "%s", o->endpoint + 6);
+        snprintf(lock, sizeof lock, "%s.lock", e->ipc_path);
+        e->lock_fd = kvd_lock_file(lock, o->endpoint, err, errlen);
+        if (e->lock_fd < 0) {
+            e->ipc_path[0] = '\0'; /* the other daemon's socket: not ours to remove */
+            goto fail;
+        }
+    }
     e->instance = o->instance;
     e->tokens = o->tokens;
     e->batch_max = o->batch_max;
@@ -375,6 +389,8 @@ int kvd_events_init(kvd_events_t **out, uv_loop_t *loop, const kvd_events_opts_t
 fail:
     if (e->pub)
         zmq_close(e->pub);
+    if (e->lock_fd >= 0)
+        close(e->lock_fd);
     free(e->ns);
     free(e);
     return -1;
@@ -404,6 +420,10 @@ void kvd_events_free(kvd_events_t **ep)
     kvd_events_t *e = *ep;
     if (e->pub)
         zmq_close(e->pub);
+    if (e->ipc_path[0]) /* after the close: a clean exit leaves no stale socket file */
+        unlink(e->ipc_path);
+    if (e->lock_fd >= 0)
+        close(e->lock_fd);
     free(e->ns);
     free(e->ent);
     free(e->tok);

@@ -1567,10 +1567,14 @@ static void kvd_server_apply_config(kvd_server_t *s)
         for (int f = 0; f < KV_FMT_COUNT; f++)
             KVD_ASSERT(kvd_core_set_cache_quota(s->core, (kv_fmt_t)f, s->cfg->cache_quota) ==
                        KV_ERR_OK);
-    if (uv_is_active((uv_handle_t *)&s->epoch_timer))
-        uv_timer_set_repeat(&s->epoch_timer, s->cfg->epoch_ms);
-    if (uv_is_active((uv_handle_t *)&s->lease_timer))
-        uv_timer_set_repeat(&s->lease_timer, s->cfg->lease_ms / 4 ? s->cfg->lease_ms / 4 : 1);
+    /* restarted, not uv_timer_set_repeat: that waits out the old period first (a lease_ms of a
+     * day set by mistake and set back kept the lease check idle for 6 h) */
+    const uint64_t lt = s->cfg->lease_ms / 4 ? s->cfg->lease_ms / 4 : 1;
+    if (uv_is_active((uv_handle_t *)&s->epoch_timer) &&
+        uv_timer_get_repeat(&s->epoch_timer) != s->cfg->epoch_ms)
+        uv_timer_start(&s->epoch_timer, kvd_epoch_cb, s->cfg->epoch_ms, s->cfg->epoch_ms);
+    if (uv_is_active((uv_handle_t *)&s->lease_timer) && uv_timer_get_repeat(&s->lease_timer) != lt)
+        uv_timer_start(&s->lease_timer, kvd_lease_cb, lt, lt);
     if (s->lc) {
         kvd_lc_params_t p;
         kvd_lifecycle_params(s->cfg, &p);

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -189,6 +190,16 @@ static void test_events(void **state)
         NULL};
     // clang-format on
     itest_kvd_start(&k, extra);
+    {   /* one daemon per events socket: a second one on it is refused, naming the first */
+        static char out[8192];
+        char ep2[128], pid[32];
+        snprintf(ep2, sizeof ep2, "ipc://%s/second.sock", evdir);
+        snprintf(pid, sizeof pid, "pid %d", (int)k.pid);
+        const char *two[] = {KVD_BIN, "--endpoint", ep2, "--events_endpoint", evep, NULL};
+        assert_int_equal(itest_run(two, out, sizeof out), 1);
+        if (!strstr(out, "in use by another kvd") || !strstr(out, pid))
+            fail_msg("second kvd on one events socket: %s", out);
+    }
     kvc_t *c = itest_connect(&k, "events-client");
     /* 0. the hello names the endpoint; subscribe to our namespace */
     assert_string_equal(kvc_events_endpoint(c), evep);
@@ -383,6 +394,9 @@ static void test_events(void **state)
     assert_int_equal(cl.kind, KVD__EVENT_ENTRY__KIND__KIND_CLEARED);
     assert_int_equal(cl.reason, KVD__EVENT_ENTRY__REASON__REASON_SHUTDOWN);
     assert_false(cl.has_hash);
+    struct stat sst; /* a clean exit removes the socket file (the lock file stays) */
+    if (stat(evep + 6, &sst) == 0)
+        fail_msg("%s is still there after a clean exit", evep + 6);
 
     int zero = 0;
     zmq_setsockopt(s->sub, ZMQ_LINGER, &zero, sizeof zero);
