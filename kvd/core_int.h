@@ -158,7 +158,7 @@ void kvd__memo_drop(kvd_core_t *c, uint32_t lid);
  * taken by a different hash. */
 uint32_t kvd__index_find(const kvd_core_t *c, const uint8_t hash[KVD_HASH_BYTES],
                          int *collision);
-void kvd__lru_insert_tail(kvd_core_t *c, uint32_t lid);
+void kvd__lru_insert(kvd_core_t *c, uint32_t lid);
 void kvd__lru_remove(kvd_core_t *c, uint32_t lid);
 /* Unbind a cached page and drop the cache ref (may retire it); counts the eviction under its
  * reason and fires the REMOVED index event. The only way a binding goes away. */

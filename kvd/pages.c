@@ -228,7 +228,7 @@ void kvd__refs_changed(kvd_core_t *c, uint32_t lid)
     KVD_ASSERT(p->state == KVD_PAGE_OPEN || p->state == KVD_PAGE_SEALED);
     int eligible = p->cached && p->req_loose + p->req_seq + p->pins + p->conv == 0;
     if (eligible && !p->on_lru) {
-        kvd__lru_insert_tail(c, lid);
+        kvd__lru_insert(c, lid);
         kvd__cache_enforce_quota(c, (kv_fmt_t)p->fmt);
         return; /* quota enforcement may have evicted (and retired) this very page */
     }

@@ -8,7 +8,8 @@
  * LRU (SQLite pcache habit, STYLE.md §11): a cached page is on its format's LRU iff nothing
  * but the cache references it. Pins, request refs and conversions all keep a page off the list,
  * so the evictor never has to skip anything: whatever is on the list may go. Order: a page
- * joins at the tail when its last non-cache reference is dropped; the head is evicted first.
+ * joins at the tail when its last non-cache reference is dropped (at the head when it is older
+ * than the head: a converted idle entry); the head is evicted first.
  *
  * Eviction order under allocation pressure (kvd__ensure_free): after collecting, walk the LRU
  * from the head and evict entries whose drop stamp is already ≤ the min safe epoch (their page
@@ -166,11 +167,23 @@ uint32_t kvd__index_find(const kvd_core_t *c, const uint8_t hash[KVD_HASH_BYTES]
     return lid;
 }
 
-void kvd__lru_insert_tail(kvd_core_t *c, uint32_t lid)
+void kvd__lru_insert(kvd_core_t *c, uint32_t lid)
 {
     kvd_lpage_t *p = &c->lp[lid];
     kvd_pool_t *pl = &c->pool[p->fmt];
     KVD_ASSERT(!p->on_lru && p->cached);
+    /* A page joins when its last reference goes, as a rule just used: the tail. A cached page
+     * that changed format (an idle retier) was not used, and may be colder than everything on
+     * its new list: then the head, or it would outlive the warmer entries evicted for it. */
+    if (pl->lru_head != KVD_NONE && p->last_use_ns < c->lp[pl->lru_head].last_use_ns) {
+        p->lru_prev = KVD_NONE;
+        p->lru_next = pl->lru_head;
+        c->lp[pl->lru_head].lru_prev = lid;
+        pl->lru_head = lid;
+        p->on_lru = 1;
+        pl->nlru++;
+        return;
+    }
     p->lru_prev = pl->lru_tail;
     p->lru_next = KVD_NONE;
     if (pl->lru_tail != KVD_NONE)

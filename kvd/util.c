@@ -7,6 +7,7 @@
 #include "util.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,8 @@ void kvd_fmt(char *buf, size_t len, const char *fmt, ...)
 
 /* ---- allocation wrapper ------------------------------------------------------------------ */
 static uint64_t g_fail_after; /* 0 = off; else the countdown to the first failing call */
-static int64_t g_live;
+/* atomic: the snapshot writer's worker thread allocates and frees too (snap_writer_settle) */
+static _Atomic int64_t g_live;
 
 static int alloc_should_fail(void)
 {
@@ -62,7 +64,7 @@ void kvd_alloc_fail_after(uint64_t n)
 
 int64_t kvd_alloc_live(void)
 {
-    return g_live;
+    return atomic_load_explicit(&g_live, memory_order_relaxed);
 }
 
 void *kvd_malloc(size_t n)
@@ -73,7 +75,7 @@ void *kvd_malloc(size_t n)
         return NULL;
     void *p = malloc(n);
     if (p)
-        g_live++;
+        atomic_fetch_add_explicit(&g_live, 1, memory_order_relaxed);
     return p;
 }
 
@@ -87,7 +89,7 @@ void *kvd_calloc(size_t nmemb, size_t size)
         return NULL;
     void *p = calloc(nmemb, size);
     if (p)
-        g_live++;
+        atomic_fetch_add_explicit(&g_live, 1, memory_order_relaxed);
     return p;
 }
 
@@ -105,7 +107,7 @@ void *kvd_realloc(void *p, size_t n)
 void kvd_free(void *p)
 {
     if (p) {
-        g_live--;
+        atomic_fetch_sub_explicit(&g_live, 1, memory_order_relaxed);
         free(p);
     }
 }

@@ -10,8 +10,9 @@
  * (SQLite's OOM loops, STYLE.md §14) and check that every operation either completes or leaves
  * the state exactly as before, with nothing leaked.
  *
- * Thread rule: the allocation counters and the fault hook are process globals without locks;
- * kvdcore runs on the daemon's single loop thread (docs/core.md).
+ * Thread rule: kvdcore runs on the daemon's single loop thread (docs/core.md). The live count
+ * is atomic because the snapshot writer's worker thread allocates too; the fault hook is a
+ * plain global, set by single-threaded tests only.
  */
 #ifndef KVD_UTIL_H
 #define KVD_UTIL_H

@@ -382,6 +382,26 @@ static void test_all_cache_allocates(void **state)
     }
 }
 
+/* A cached page that changes format keeps its age: an idle FP8 entry retiered into a TQ3 list
+ * of warmer entries goes to the list's cold end (it went to the warm end, review finding). */
+static void test_converted_page_keeps_its_age(void **state)
+{
+    (void)state;
+    kvd_core_t *c = fx_core();
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t ids[5];
+    cache_pages(c, a, 5, 70, ids); /* ids[0] the oldest */
+    fx_quiesce(c, a);
+    for (int i = 1; i < 5; i++)
+        FX_OK(kvd_core_convert(c, ids[i], KV_FMT_TQ3));
+    FX_OK(kvd_core_convert(c, ids[0], KV_FMT_TQ3));
+    assert_int_equal(c->pool[KV_FMT_TQ3].lru_head, ids[0]);
+    assert_int_equal(c->pool[KV_FMT_TQ3].lru_tail, ids[4]);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
 static void test_quota_pin_admin(void **state)
 {
     kvd_core_opts_t o;
@@ -485,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_refs_cap),
         cmocka_unit_test(test_eviction_order),
         cmocka_unit_test(test_all_cache_allocates),
+        cmocka_unit_test(test_converted_page_keeps_its_age),
         cmocka_unit_test(test_quota_pin_admin),
         cmocka_unit_test(test_cached_page_changes_format),
     };
