@@ -339,6 +339,10 @@ kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o)
     *out = s;
     return KV_ERR_OK;
 fail:
+    /* a hello that succeeded made a session: end it (no kernel was launched yet), or it would
+     * live until the process exits (kvs_say_goodbye) */
+    if (s->c && kvc_session_id(s->c) != 0)
+        kvc_goodbye(s->c, NULL);
     kvc_close(&s->c);
     free(s);
     return e;
