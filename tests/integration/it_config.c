@@ -294,33 +294,8 @@ static void test_config_eq_form_and_sighup(void **state)
  * hangs fails the test instead of holding it. Returns the exit status, 128 + signal. */
 static int kvctl_run(int as, const char **argv, char *out, size_t cap)
 {
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(p[1], 1);
-        dup2(p[1], 2);
-        close(p[0]);
-        close(p[1]);
-        if (as >= 0 && (setgroups(0, NULL) != 0 || setgid((gid_t)as) != 0 ||
-                        setuid((uid_t)as) != 0))
-            _exit(126);
-        alarm(60);
-        argv[0] = KVCTL_BIN;
-        execv(KVCTL_BIN, (char *const *)argv);
-        _exit(127);
-    }
-    close(p[1]);
-    size_t len = 0;
-    ssize_t r;
-    while (len < cap - 1 && (r = read(p[0], out + len, cap - 1 - len)) > 0)
-        len += (size_t)r;
-    out[len] = '\0';
-    close(p[0]);
-    int st;
-    waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    argv[0] = KVCTL_BIN;
+    return itest_run_as(argv, as, 60, out, cap);
 }
 
 /* kvctl's usage errors exit 2 naming the option (--timeout abc ran with 5000, --count -1

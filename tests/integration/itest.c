@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -280,16 +281,24 @@ void itest_assert_check(const itest_kvd_t *k)
         fail_msg("kvctl check failed (rc %d):\n%s", rc, out);
 }
 
-int itest_run(const char *const *argv, char *out, size_t cap)
+int itest_run_as(const char *const *argv, int as, unsigned alarm_s, char *out, size_t cap)
 {
     int p[2];
     if (pipe(p) != 0)
         fail_msg("pipe: %s", strerror(errno));
     pid_t pid = fork();
+    if (pid < 0)
+        fail_msg("fork: %s", strerror(errno));
     if (pid == 0) {
         dup2(p[1], 1);
         dup2(p[1], 2);
         close(p[0]);
+        close(p[1]);
+        if (as >= 0 && (setgroups(0, NULL) != 0 || setgid((gid_t)as) != 0 ||
+                        setuid((uid_t)as) != 0))
+            _exit(126);
+        if (alarm_s)
+            alarm(alarm_s);
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
@@ -302,7 +311,12 @@ int itest_run(const char *const *argv, char *out, size_t cap)
     close(p[0]);
     int st;
     waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int itest_run(const char *const *argv, char *out, size_t cap)
+{
+    return itest_run_as(argv, -1, 0, out, cap);
 }
 
 int itest_free_port(void)

@@ -54,6 +54,9 @@ int64_t itest_now_us(void);
 /* Run argv (argv[0] a path) with stdout and stderr into out[cap]; returns its exit status
  * (128 when it did not exit normally). */
 int itest_run(const char *const *argv, char *out, size_t cap);
+/* The same as uid and gid `as` when as >= 0 (the caller is root; 126 when it cannot switch),
+ * killed after alarm_s seconds when alarm_s > 0 (128 + SIGALRM), so a hang fails the test. */
+int itest_run_as(const char *const *argv, int as, unsigned alarm_s, char *out, size_t cap);
 /* A loopback TCP port free at the time of the call. */
 int itest_free_port(void);
 /* GET /metrics from 127.0.0.1:port into out[cap] (headers included); returns the length. */
