@@ -45,7 +45,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: kvctl [--endpoint EP] [--json] [--timeout MS] COMMAND [ARGS]\n"
-            "       kvctl -h | --help\n"
+            "       kvctl -h | --help | --version\n"
             "commands:\n"
             "  status                      daemon figures\n"
             "  sessions                    attached client processes\n"
@@ -66,7 +66,11 @@ static void usage(FILE *f)
             "                              per entry; N entries then exit; EP: the PUB endpoint,\n"
             "                              default the daemon's events_endpoint)\n"
             "endpoint: --endpoint, else $KVD_ENDPOINT, else ipc:///run/kvd/kvd.sock\n"
-            "timeout: --timeout MS bounds each call (default 5000)\n");
+            "timeout: --timeout MS bounds each call (default 5000)\n"
+            "--json (before or after the command): one JSON object per command on stdout\n"
+            "  (events: one per entry); a failed call prints {\"error\":NAME,\"message\":...}\n"
+            "exit status: 0 ok; 1 failure (cannot connect, the daemon's error, check found a\n"
+            "  problem); 2 usage error (unknown option or command, missing or bad value)\n");
 }
 
 /* JSON string escaping for the few free-text fields. */
@@ -553,6 +557,9 @@ int main(int argc, char **argv)
             json = 1;
         } else if (!strcmp(argv[ai], "--help") || !strcmp(argv[ai], "-h")) {
             usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[ai], "--version")) {
+            printf("kvctl 0.1.0 (protocol %u)\n", KVP_VERSION);
             return 0;
         } else if ((r = opt_value(argc, av, &ai, "--endpoint", &v)) != 0) {
             if (r < 0)

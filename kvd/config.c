@@ -435,22 +435,67 @@ int kvd_config_load_file(kvd_config_t *c, const char *path, FILE *report)
     return errors;
 }
 
+/* The argument column of directive d: its choices, MIN..MAX, yes|no, ... */
+static void kvd_config_help_arg(const kvd_config_desc_t *d, char *arg, size_t cap)
+{
+    if (d->choices[0])
+        snprintf(arg, cap, "%s", d->choices);
+    else if (d->type == KVD_CT_U64 && (d->min != 0 || d->max != UINT64_MAX))
+        snprintf(arg, cap, "%" PRIu64 "..%" PRIu64, d->min, d->max);
+    else if (d->type == KVD_CT_BOOL)
+        snprintf(arg, cap, "yes|no");
+    else if (d->type == KVD_CT_IDS)
+        snprintf(arg, cap, "ids (max %" PRIu64 ")", d->max);
+    else
+        snprintf(arg, cap, "%s", kvd_config_type_name(d->type));
+}
+
+/* One line per directive, `  --NAME ARG HELP [default: D] (runtime)`: the name column as wide
+ * as the longest name, the argument column as the longest argument of at most 16 characters (a
+ * longer one, e.g. error|warn|info|debug, puts its text on the next line), the text wrapped at
+ * 100 columns under its own column. */
 void kvd_config_help(FILE *f)
 {
+    enum { KVD_HELP_COLS = 100 };
+    int wn = 0, wa = 0;
+    for (size_t i = 0; i < KVD_CFG_N; i++) {
+        char arg[64];
+        kvd_config_help_arg(&kvd_cfg_table[i], arg, sizeof arg);
+        int n = (int)strlen(kvd_cfg_table[i].name), a = (int)strlen(arg);
+        wn = n > wn ? n : wn;
+        wa = a > wa && a <= 16 ? a : wa;
+    }
+    int col = 2 + 2 + wn + 1 + wa + 1; /* "  --" NAME ' ' ARG ' ' */
     for (size_t i = 0; i < KVD_CFG_N; i++) {
         const kvd_config_desc_t *d = &kvd_cfg_table[i];
-        char arg[64];
-        if (d->choices[0])
-            snprintf(arg, sizeof arg, "%s", d->choices);
-        else if (d->type == KVD_CT_U64 && (d->min != 0 || d->max != UINT64_MAX))
-            snprintf(arg, sizeof arg, "%" PRIu64 "..%" PRIu64, d->min, d->max);
-        else if (d->type == KVD_CT_BOOL)
-            snprintf(arg, sizeof arg, "yes|no");
-        else if (d->type == KVD_CT_IDS)
-            snprintf(arg, sizeof arg, "ids (max %" PRIu64 ")", d->max);
-        else
-            snprintf(arg, sizeof arg, "%s", kvd_config_type_name(d->type));
-        fprintf(f, "  --%-14s %-18s %s [default: %s]%s\n", d->name, arg, d->help,
-                d->def[0] ? d->def : "\"\"", d->mutable_ ? " (runtime)" : "");
+        char arg[64], text[1024];
+        kvd_config_help_arg(d, arg, sizeof arg);
+        snprintf(text, sizeof text, "%s [default: %s]%s", d->help, d->def[0] ? d->def : "\"\"",
+                 d->mutable_ ? " (runtime)" : "");
+        const char *p = text;
+        int first = 1;
+        if ((int)strlen(arg) > wa) {
+            fprintf(f, "  --%-*s %s\n", wn, d->name, arg);
+            first = 0;
+        } else {
+            fprintf(f, "  --%-*s %-*s ", wn, d->name, wa, arg);
+        }
+        while (*p) {
+            int room = KVD_HELP_COLS - col, n = (int)strlen(p);
+            if (n > room) { /* break at the last space that fits (or the first one after) */
+                int b = room;
+                while (b > 0 && p[b] != ' ')
+                    b--;
+                if (b == 0)
+                    for (b = room; p[b] && p[b] != ' '; b++) {
+                    }
+                n = b;
+            }
+            fprintf(f, "%*s%.*s\n", first ? 0 : col, "", n, p);
+            first = 0;
+            p += n;
+            while (*p == ' ')
+                p++;
+        }
     }
 }

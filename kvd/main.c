@@ -32,6 +32,26 @@ static void kvd_usage(FILE *f)
                "each); MIN..MAX are inclusive bounds; (runtime): `kvctl config set` changes it\n"
                "in the running daemon, until it restarts:\n");
     kvd_config_help(f);
+    fprintf(f,
+            "\nenvironment (read at startup):\n"
+            "  KVD_CUDA_DEVICE=N         backend cuda: CUDA device ordinal (default 0)\n"
+            "  KVD_CUDA_LEGACY_IPC=1     backend cuda: export the pools as legacy cudaIpc\n"
+            "                            handles in memfds instead of VMM POSIX fds (opt-in, for\n"
+            "                            devices without VMM fd export; docs/backend-cuda.md)\n"
+            "  KVD_TEST_SNAPSHOT_HOLD=N  test hook only (it_snapshot): snapshot writes stall\n"
+            "                            after N slices until shutdown; never set in production\n"
+            "\nsignals:\n"
+            "  SIGTERM, SIGINT           clean stop: with snapshot_dir set, snapshot the prefix\n"
+            "                            cache (unless unchanged), then close everything; exit 0\n"
+            "  SIGHUP                    logged and ignored (kvd has no reload)\n"
+            "\nreadiness: with endpoint ipc://PATH the fd socket PATH.fds is created last; kvd\n"
+            "is ready (and a SIGTERM takes the clean path) once it exists.\n"
+            "\nexit status:\n"
+            "  0  clean stop after SIGTERM/SIGINT; --help, --version; --check-config found no\n"
+            "     error\n"
+            "  1  a bad flag or config (--check-config: errors found), or a startup failure\n"
+            "     (endpoint or snapshot_dir locked by another kvd, backend, sockets)\n"
+            "  a broken internal invariant aborts (SIGABRT) after printing file:line\n");
 }
 
 typedef struct kvd_main_s {
