@@ -774,7 +774,9 @@ static void conv_commit(kvd_core_t *c, const conv_item_t *it, uint32_t m, uint32
         c->bump_pending = 1;
         kvd__phys_retire(c, it[i].src, it[i].src_phys, KVD_NONE, c->epoch + 1);
         p->conv--;
+        p->lru_by_age = 1; /* it joins its new list by age, not as just used (prefix.c) */
         kvd__refs_changed(c, it[i].lid);
+        p->lru_by_age = 0;
         /* the batch's real time, shared evenly: what a page cost including its wait */
         if (it[i].dst == KV_FMT_TQ3) {
             c->st.retiers++;

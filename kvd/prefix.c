@@ -8,8 +8,8 @@
  * LRU (SQLite pcache habit, STYLE.md §11): a cached page is on its format's LRU iff nothing
  * but the cache references it. Pins, request refs and conversions all keep a page off the list,
  * so the evictor never has to skip anything: whatever is on the list may go. Order: a page
- * joins at the tail when its last non-cache reference is dropped (at the head when it is older
- * than the head: a converted idle entry); the head is evicted first.
+ * joins at the tail when its last non-cache reference is dropped (a converted idle entry at the
+ * head when it is older than the head); the head is evicted first.
  *
  * Eviction order under allocation pressure (kvd__ensure_free): after collecting, walk the LRU
  * from the head and evict entries whose drop stamp is already ≤ the min safe epoch (their page
@@ -172,10 +172,12 @@ void kvd__lru_insert(kvd_core_t *c, uint32_t lid)
     kvd_lpage_t *p = &c->lp[lid];
     kvd_pool_t *pl = &c->pool[p->fmt];
     KVD_ASSERT(!p->on_lru && p->cached);
-    /* A page joins when its last reference goes, as a rule just used: the tail. A cached page
-     * that changed format (an idle retier) was not used, and may be colder than everything on
-     * its new list: then the head, or it would outlive the warmer entries evicted for it. */
-    if (pl->lru_head != KVD_NONE && p->last_use_ns < c->lp[pl->lru_head].last_use_ns) {
+    /* A page joins when its last reference goes: just used, the tail (last_use_ns is when it
+     * was last acquired, not released, so it cannot order releases). A cached page that
+     * changed format (an idle retier) was not used, and may be colder than everything on its
+     * new list: then the head, or it would outlive the warmer entries evicted for it. */
+    if (p->lru_by_age && pl->lru_head != KVD_NONE &&
+        p->last_use_ns < c->lp[pl->lru_head].last_use_ns) {
         p->lru_prev = KVD_NONE;
         p->lru_next = pl->lru_head;
         c->lp[pl->lru_head].lru_prev = lid;

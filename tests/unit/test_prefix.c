@@ -398,6 +398,17 @@ static void test_converted_page_keeps_its_age(void **state)
     FX_OK(kvd_core_convert(c, ids[0], KV_FMT_TQ3));
     assert_int_equal(c->pool[KV_FMT_TQ3].lru_head, ids[0]);
     assert_int_equal(c->pool[KV_FMT_TQ3].lru_tail, ids[4]);
+    /* a release is a use, whatever the page's acquire time: a page acquired before every
+     * entry on the list and released after them joins the warm end (session 11's first form
+     * of this fix put it at the head, to be evicted first) */
+    uint32_t held, more[2];
+    fx_quiesce(c, a); /* the conversions' FP8 sources are free again */
+    kvd_core_collect(c);
+    seal_prompt(c, a, 90, 1, &held);
+    cache_pages(c, a, 2, 91, more);
+    FX_OK(kvd_core_release(c, a, &held, 1));
+    assert_int_equal(c->pool[KV_FMT_FP8].lru_tail, held);
+    assert_int_not_equal(c->pool[KV_FMT_FP8].lru_head, held);
     FX_CHECK(c);
     kvd_core_free(&c);
 }
