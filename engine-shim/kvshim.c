@@ -285,6 +285,7 @@ kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o)
     if (!s)
         return kvs_fail(NULL, KV_ERR_NOMEM, "kvs_open: out of memory");
     snprintf(s->name, sizeof s->name, "%s", o->name ? o->name : "kvshim");
+    kv_err_t hello_err = KV_ERR_TIMEOUT; /* as if unanswered until a hello is sent */
     kv_err_t e = kvc_connect(&s->c, o->endpoint, o->timeout_ms ? o->timeout_ms : 5000);
     if (e != KV_ERR_OK) {
         kvs_fail(NULL, e, "kvs_open: kvc_connect(%s): %s", o->endpoint,
@@ -292,6 +293,7 @@ kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o)
         goto fail;
     }
     e = kvc_hello(s->c, o->ns, s->name, 1);
+    hello_err = e;
     if (e != KV_ERR_OK) {
 #ifndef KVS_HAVE_CUDA
         if (e == KV_ERR_DEVICE) { /* libkvc without CUDA cannot import device pools */
@@ -339,9 +341,12 @@ kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o)
     *out = s;
     return KV_ERR_OK;
 fail:
-    /* a hello that succeeded made a session: end it (no kernel was launched yet), or it would
-     * live until the process exits (kvs_say_goodbye) */
-    if (s->c && kvc_session_id(s->c) != 0)
+    /* A hello the daemon answered made a session, even when the fd handover or mapping the
+     * pools failed after it (libkvc then reports session 0 and an UNAVAILABLE, DEVICE, ...):
+     * end it (no kernel was launched yet), or it lives until the process exits
+     * (kvs_say_goodbye). Only a daemon that did not answer (TIMEOUT) gets no second wait; one
+     * without a session for us answers NO_SESSION at once. */
+    if (s->c && hello_err != KV_ERR_TIMEOUT)
         kvc_goodbye(s->c, NULL);
     kvc_close(&s->c);
     free(s);

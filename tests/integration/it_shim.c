@@ -697,6 +697,15 @@ static void test_close_ends_the_session(void **state)
     assert_int_equal(itest_stat(&k, "sessions"), 0);
     assert_int_equal(itest_stat(&k, "request_refs"), 0);
     assert_int_equal(itest_stat(&k, "sequences"), 0);
+    /* a kvs_open that fails after the daemon answered its hello (here: the fd socket is gone,
+     * so the pools cannot be handed over) leaves no session behind either */
+    char fds[400], away[420];
+    snprintf(fds, sizeof fds, "%s/run/kvd.sock.fds", k.dir);
+    snprintf(away, sizeof away, "%s.away", fds);
+    assert_int_equal(rename(fds, away), 0);
+    assert_null(shim_open_t(&k, "no fds", 2000));
+    assert_int_equal(rename(away, fds), 0);
+    assert_int_equal(itest_stat(&k, "sessions"), 0);
     itest_assert_check(&k);
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
