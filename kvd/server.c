@@ -119,7 +119,10 @@ struct kvd_server_s {
     uint64_t snap_ends_on_loop;      /* jobs whose end (fsyncs, rename, unlinks) ran on the loop */
     uint64_t snap_hold; /* KVD_TEST_SNAPSHOT_HOLD: jobs stop after this many slices (0: off) */
     int reply_at_stop;  /* kvd_server_stop answered a kvctl snapshot: flush it before close */
+    uint64_t nomem_ops; /* KVD_TEST_REPLY_NOMEM: bit op set = reply allocations of op fail */
+    int ar_fail;        /* the request being handled is one of them */
 };
+_Static_assert(KVP_OP_COUNT <= 64, "nomem_ops has one bit per operation");
 
 /* The core's figures plus the lifecycle controller's (stats.h lifecycle_*): what status,
  * metrics and kvctl show. */
@@ -448,6 +451,8 @@ static void kvd_server_snapshot_load(kvd_server_t *s)
 /* ---- arena ------------------------------------------------------------------------------- */
 static void *ar_alloc(kvd_server_t *s, size_t n)
 {
+    if (s->ar_fail) /* test hook (KVD_TEST_REPLY_NOMEM): as if calloc had failed */
+        return NULL;
     kvd_arena_t *a = calloc(1, sizeof *a + (n ? n : 1));
     if (!a)
         return NULL;
@@ -625,6 +630,45 @@ static kv_err_t kvd_op_hello(kvd_req_ctx_t *c)
                             ex->geom.layers, ex->geom.kv_heads, ex->geom.head_dim,
                             ex->geom.page_tokens, ex->geom.seed);
     }
+    /* the whole reply before a session is opened: a NOMEM must not leave one behind */
+    KVD_BODY(c, Kvd__HelloRep, KVD__HELLO_REP__INIT, hello, HELLO);
+    b_->geometry = kvd_geom_msg(s, &ex->geom);
+    b_->fd_socket = s->fds_path;
+    b_->lease_ms = (uint32_t)s->cfg->lease_ms;
+    b_->instance = s->instance;
+    b_->events_endpoint = s->cfg->events_endpoint;
+    b_->backend = (char *)ex->backend; /* how the client imports the fds (kvc_cuda.c) */
+    Kvd__PoolDesc **pd = ar_alloc(s, sizeof(*pd) * (KV_FMT_COUNT + 1));
+    if (!pd || !b_->geometry)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    size_t np = 0;
+    uint32_t fdi = 0;
+    Kvd__PoolDesc *d = ar_alloc(s, sizeof *d);
+    if (!d)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    *d = (Kvd__PoolDesc)KVD__POOL_DESC__INIT;
+    d->kind = KVD__POOL_DESC__KIND__KIND_DIRECTORY;
+    d->pages = ex->dir_entries;
+    d->bytes = ex->dir_bytes;
+    d->fd_index = fdi++;
+    pd[np++] = d;
+    for (int f = 0; f < KV_FMT_COUNT; f++) {
+        if (!ex->pages[f] || ex->pool_fd[f] < 0)
+            continue;
+        d = ar_alloc(s, sizeof *d);
+        if (!d)
+            return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+        *d = (Kvd__PoolDesc)KVD__POOL_DESC__INIT;
+        d->kind = KVD__POOL_DESC__KIND__KIND_POOL;
+        d->format = (Kvd__Format)f;
+        d->pages = ex->pages[f];
+        d->page_bytes = ex->page_bytes[f];
+        d->bytes = ex->pool_bytes[f];
+        d->fd_index = fdi++;
+        pd[np++] = d;
+    }
+    b_->pools = pd;
+    b_->n_pools = np;
     kvd_sess_t *x = c->sess;
     if (!x) {
         uint64_t mine = 0; /* sessions of this process: each keeps a pidfd until it exits */
@@ -674,47 +718,9 @@ static kv_err_t kvd_op_hello(kvd_req_ctx_t *c)
     snprintf(x->name, sizeof x->name, "%s", h->client_name ? h->client_name : "");
     x->last_ns = kvd_mono_ns();
 
-    KVD_BODY(c, Kvd__HelloRep, KVD__HELLO_REP__INIT, hello, HELLO);
     b_->session_id = x->sid;
-    b_->geometry = kvd_geom_msg(s, &ex->geom);
-    b_->epoch = kvd_core_epoch(s->core);
-    b_->fd_socket = s->fds_path;
-    b_->lease_ms = (uint32_t)s->cfg->lease_ms;
-    b_->instance = s->instance;
-    b_->events_endpoint = s->cfg->events_endpoint;
     b_->pid = (uint32_t)x->pid;
-    b_->backend = (char *)ex->backend; /* how the client imports the fds (kvc_cuda.c) */
-    Kvd__PoolDesc **pd = ar_alloc(s, sizeof(*pd) * (KV_FMT_COUNT + 1));
-    if (!pd || !b_->geometry)
-        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
-    size_t np = 0;
-    uint32_t fdi = 0;
-    Kvd__PoolDesc *d = ar_alloc(s, sizeof *d);
-    if (!d)
-        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
-    *d = (Kvd__PoolDesc)KVD__POOL_DESC__INIT;
-    d->kind = KVD__POOL_DESC__KIND__KIND_DIRECTORY;
-    d->pages = ex->dir_entries;
-    d->bytes = ex->dir_bytes;
-    d->fd_index = fdi++;
-    pd[np++] = d;
-    for (int f = 0; f < KV_FMT_COUNT; f++) {
-        if (!ex->pages[f] || ex->pool_fd[f] < 0)
-            continue;
-        d = ar_alloc(s, sizeof *d);
-        if (!d)
-            return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
-        *d = (Kvd__PoolDesc)KVD__POOL_DESC__INIT;
-        d->kind = KVD__POOL_DESC__KIND__KIND_POOL;
-        d->format = (Kvd__Format)f;
-        d->pages = ex->pages[f];
-        d->page_bytes = ex->page_bytes[f];
-        d->bytes = ex->pool_bytes[f];
-        d->fd_index = fdi++;
-        pd[np++] = d;
-    }
-    b_->pools = pd;
-    b_->n_pools = np;
+    b_->epoch = kvd_core_epoch(s->core);
     return KV_ERR_OK;
 }
 
@@ -745,12 +751,12 @@ static kv_err_t kvd_op_seal(kvd_req_ctx_t *c)
         return kvd_fail(c, KV_ERR_DRAINING, "the daemon is draining: no new cache entries");
     uint8_t hash[KVD_HASH_BYTES];
     uint32_t canon = KVD_NONE;
+    KVD_BODY(c, Kvd__SealRep, KVD__SEAL_REP__INIT, seal, SEAL);
     int e = kvd_core_seal(c->s->core, c->sess->sid, r->page, r->has_prev ? r->prev : KVD_NONE,
                           r->tokens, (uint32_t)r->n_tokens, r->extra.data, r->extra.len, hash,
                           &canon);
     if (e != KV_ERR_OK)
         return kvd_core_fail(c, e);
-    KVD_BODY(c, Kvd__SealRep, KVD__SEAL_REP__INIT, seal, SEAL);
     b_->page = canon;
     b_->deduplicated = canon != r->page;
     return KV_ERR_OK;
@@ -783,6 +789,7 @@ static kv_err_t kvd_op_lookup(kvd_req_ctx_t *c)
     }
     uint32_t np = 0, nt = 0;
     int e;
+    KVD_BODY(c, Kvd__LookupRep, KVD__LOOKUP_REP__INIT, lookup, LOOKUP);
     if (r->peek) {
         /* peek: walk the chain with cache_find, take nothing */
         uint8_t h[KVD_HASH_BYTES], prev[KVD_HASH_BYTES];
@@ -802,7 +809,6 @@ static kv_err_t kvd_op_lookup(kvd_req_ctx_t *c)
         if (e != KV_ERR_OK)
             return kvd_core_fail(c, e);
     }
-    KVD_BODY(c, Kvd__LookupRep, KVD__LOOKUP_REP__INIT, lookup, LOOKUP);
     b_->pages = s->lookup_buf;
     b_->n_pages = np;
     b_->tokens_matched = nt;
@@ -812,10 +818,10 @@ static kv_err_t kvd_op_lookup(kvd_req_ctx_t *c)
 static kv_err_t kvd_op_release(kvd_req_ctx_t *c)
 {
     const Kvd__ReleaseReq *r = c->req->release;
+    KVD_BODY(c, Kvd__ReleaseRep, KVD__RELEASE_REP__INIT, release, RELEASE);
     int e = kvd_core_release(c->s->core, c->sess->sid, r->pages, (uint32_t)r->n_pages);
     if (e != KV_ERR_OK)
         return kvd_core_fail(c, e);
-    KVD_BODY(c, Kvd__ReleaseRep, KVD__RELEASE_REP__INIT, release, RELEASE);
     b_->released = (uint32_t)r->n_pages;
     return KV_ERR_OK;
 }
@@ -825,10 +831,10 @@ static kv_err_t kvd_op_seq_open(kvd_req_ctx_t *c)
     if (c->s->draining)
         return kvd_fail(c, KV_ERR_DRAINING, "the daemon is draining: no new sequences");
     uint64_t seq;
+    KVD_BODY(c, Kvd__SeqOpenRep, KVD__SEQ_OPEN_REP__INIT, seq_open, SEQ_OPEN);
     int e = kvd_core_seq_open(c->s->core, c->sess->sid, &seq);
     if (e != KV_ERR_OK)
         return kvd_core_fail(c, e);
-    KVD_BODY(c, Kvd__SeqOpenRep, KVD__SEQ_OPEN_REP__INIT, seq_open, SEQ_OPEN);
     b_->seq_id = seq;
     return KV_ERR_OK;
 }
@@ -836,13 +842,13 @@ static kv_err_t kvd_op_seq_open(kvd_req_ctx_t *c)
 static kv_err_t kvd_op_seq_append(kvd_req_ctx_t *c)
 {
     const Kvd__SeqAppendReq *r = c->req->seq_append;
+    KVD_BODY(c, Kvd__SeqAppendRep, KVD__SEQ_APPEND_REP__INIT, seq_append, SEQ_APPEND);
     int e = kvd_core_seq_append(c->s->core, c->sess->sid, r->seq_id, r->pages,
                                 (uint32_t)r->n_pages);
     if (e != KV_ERR_OK)
         return kvd_core_fail(c, e);
     uint32_t n = 0;
     kvd_core_seq_pages(c->s->core, r->seq_id, NULL, 0, &n, NULL);
-    KVD_BODY(c, Kvd__SeqAppendRep, KVD__SEQ_APPEND_REP__INIT, seq_append, SEQ_APPEND);
     b_->length = n;
     return KV_ERR_OK;
 }
@@ -856,10 +862,10 @@ static kv_err_t kvd_op_seq_close(kvd_req_ctx_t *c)
         owner != c->sess->sid)
         return kvd_fail(c, KV_ERR_NOT_FOUND, "seq_close: sequence %" PRIu64
                         " is not open in this session", r->seq_id);
+    KVD_BODY(c, Kvd__SeqCloseRep, KVD__SEQ_CLOSE_REP__INIT, seq_close, SEQ_CLOSE);
     int e = kvd_core_seq_close(c->s->core, c->sess->sid, r->seq_id);
     if (e != KV_ERR_OK)
         return kvd_core_fail(c, e);
-    KVD_BODY(c, Kvd__SeqCloseRep, KVD__SEQ_CLOSE_REP__INIT, seq_close, SEQ_CLOSE);
     b_->length = n;
     return KV_ERR_OK;
 }
@@ -867,12 +873,12 @@ static kv_err_t kvd_op_seq_close(kvd_req_ctx_t *c)
 static kv_err_t kvd_op_heartbeat(kvd_req_ctx_t *c)
 {
     const Kvd__HeartbeatReq *r = c->req->heartbeat;
+    KVD_BODY(c, Kvd__HeartbeatRep, KVD__HEARTBEAT_REP__INIT, heartbeat, HEARTBEAT);
     if (r->completed_epoch) {
         int e = kvd_core_session_report_epoch(c->s->core, c->sess->sid, r->completed_epoch);
         if (e != KV_ERR_OK)
             return kvd_core_fail(c, e);
     }
-    KVD_BODY(c, Kvd__HeartbeatRep, KVD__HEARTBEAT_REP__INIT, heartbeat, HEARTBEAT);
     b_->epoch = kvd_core_epoch(c->s->core);
     b_->lease_ms = (uint32_t)c->s->cfg->lease_ms;
     return KV_ERR_OK;
@@ -1059,6 +1065,7 @@ static kv_err_t kvd_op_cache_evict(kvd_req_ctx_t *c)
     kvd_server_t *s = c->s;
     const Kvd__CacheEvictReq *r = c->req->cache_evict;
     uint32_t evicted = 0;
+    KVD_BODY(c, Kvd__CacheEvictRep, KVD__CACHE_EVICT_REP__INIT, cache_evict, CACHE_EVICT);
     if (r->all) {
         kvd_stats_t st;
         kvd_core_stats(s->core, &st);
@@ -1077,7 +1084,6 @@ static kv_err_t kvd_op_cache_evict(kvd_req_ctx_t *c)
             return kvd_core_fail(c, e);
         evicted = 1;
     }
-    KVD_BODY(c, Kvd__CacheEvictRep, KVD__CACHE_EVICT_REP__INIT, cache_evict, CACHE_EVICT);
     b_->evicted = evicted;
     return KV_ERR_OK;
 }
@@ -1085,11 +1091,11 @@ static kv_err_t kvd_op_cache_evict(kvd_req_ctx_t *c)
 static kv_err_t kvd_op_cache_pin(kvd_req_ctx_t *c)
 {
     const Kvd__CachePinReq *r = c->req->cache_pin;
+    KVD_BODY(c, Kvd__CachePinRep, KVD__CACHE_PIN_REP__INIT, cache_pin, CACHE_PIN);
+    (void)b_;
     int e = r->pin ? kvd_core_pin(c->s->core, r->page) : kvd_core_unpin(c->s->core, r->page);
     if (e != KV_ERR_OK)
         return kvd_core_fail(c, e);
-    KVD_BODY(c, Kvd__CachePinRep, KVD__CACHE_PIN_REP__INIT, cache_pin, CACHE_PIN);
-    (void)b_;
     return KV_ERR_OK;
 }
 
@@ -1123,21 +1129,36 @@ static kv_err_t kvd_op_page_info(kvd_req_ctx_t *c)
     return KV_ERR_OK;
 }
 
-static Kvd__ConfigItem *kvd_config_item(kvd_server_t *s, const kvd_config_desc_t *d)
+#define KVD_CONFIG_VALUE_MAX 4200
+
+/* An empty item with room for any value: config_set allocates it before it changes anything. */
+static Kvd__ConfigItem *kvd_config_item_alloc(kvd_server_t *s)
 {
     Kvd__ConfigItem *m = ar_alloc(s, sizeof *m);
-    char *v = ar_alloc(s, 4200);
+    char *v = ar_alloc(s, KVD_CONFIG_VALUE_MAX);
     if (!m || !v)
         return NULL;
     *m = (Kvd__ConfigItem)KVD__CONFIG_ITEM__INIT;
-    kvd_config_get(s->cfg, d->name, v, 4200);
-    m->key = (char *)d->name;
     m->value = v;
+    return m;
+}
+
+static Kvd__ConfigItem *kvd_config_item_fill(kvd_server_t *s, Kvd__ConfigItem *m,
+                                             const kvd_config_desc_t *d)
+{
+    kvd_config_get(s->cfg, d->name, m->value, KVD_CONFIG_VALUE_MAX);
+    m->key = (char *)d->name;
     m->type = (char *)kvd_config_type_name(d->type);
     m->mutable_ = d->mutable_ != 0;
     m->help = (char *)d->help;
     m->default_value = (char *)d->def;
     return m;
+}
+
+static Kvd__ConfigItem *kvd_config_item(kvd_server_t *s, const kvd_config_desc_t *d)
+{
+    Kvd__ConfigItem *m = kvd_config_item_alloc(s);
+    return m ? kvd_config_item_fill(s, m, d) : NULL;
 }
 
 static kv_err_t kvd_op_config_get(kvd_req_ctx_t *c)
@@ -1170,6 +1191,10 @@ static kv_err_t kvd_op_config_set(kvd_req_ctx_t *c)
 {
     kvd_server_t *s = c->s;
     const Kvd__ConfigSetReq *r = c->req->config_set;
+    KVD_BODY(c, Kvd__ConfigSetRep, KVD__CONFIG_SET_REP__INIT, config_set, CONFIG_SET);
+    b_->item = kvd_config_item_alloc(s);
+    if (!b_->item)
+        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
     int e = kvd_config_set(s->cfg, r->key, r->value, 1, c->msg, sizeof c->msg);
     if (e == KVD_CFG_UNKNOWN)
         return KV_ERR_NOT_FOUND;
@@ -1179,19 +1204,16 @@ static kv_err_t kvd_op_config_set(kvd_req_ctx_t *c)
         return KV_ERR_INVALID_ARGUMENT;
     kvd_server_apply_config(s);
     KVD_LOGI("config set %s = %s", r->key, r->value);
-    KVD_BODY(c, Kvd__ConfigSetRep, KVD__CONFIG_SET_REP__INIT, config_set, CONFIG_SET);
-    b_->item = kvd_config_item(s, kvd_config_find(r->key));
-    if (!b_->item)
-        return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    kvd_config_item_fill(s, b_->item, kvd_config_find(r->key));
     return KV_ERR_OK;
 }
 
 static kv_err_t kvd_op_drain(kvd_req_ctx_t *c)
 {
+    KVD_BODY(c, Kvd__DrainRep, KVD__DRAIN_REP__INIT, drain, DRAIN);
     if (!c->s->draining)
         KVD_LOGI("draining: no new sessions, pages, seals or sequences");
     c->s->draining = 1;
-    KVD_BODY(c, Kvd__DrainRep, KVD__DRAIN_REP__INIT, drain, DRAIN);
     b_->sessions = c->s->nsessions;
     return KV_ERR_OK;
 }
@@ -1272,8 +1294,8 @@ static kv_err_t kvd_op_events_sync(kvd_req_ctx_t *c)
                         "events are off: start kvd with events_endpoint set");
     uint64_t seq;
     uint32_t n;
-    kvd_events_resync(s->events, s->core, &seq, &n);
     KVD_BODY(c, Kvd__EventsSyncRep, KVD__EVENTS_SYNC_REP__INIT, events_sync, EVENTS_SYNC);
+    kvd_events_resync(s->events, s->core, &seq, &n);
     b_->seq = seq;
     b_->entries = n;
     return KV_ERR_OK;
@@ -1289,6 +1311,8 @@ static kv_err_t kvd_op_session_fence(kvd_req_ctx_t *c)
     kvd_sess_t *x = kvd_sess_by_sid(s, sid);
     if (!x)
         return kvd_fail(c, KV_ERR_NO_SESSION, "session %" PRIu64 " does not exist", sid);
+    KVD_BODY(c, Kvd__SessionFenceRep, KVD__SESSION_FENCE_REP__INIT, session_fence,
+             SESSION_FENCE);
     int e = kvd_core_session_fence(s->core, sid);
     if (e != KV_ERR_OK)
         return kvd_core_fail(c, e);
@@ -1300,8 +1324,6 @@ static kv_err_t kvd_op_session_fence(kvd_req_ctx_t *c)
     x->fenced = 1;
     kvd_stats_t st;
     kvd_core_stats(s->core, &st);
-    KVD_BODY(c, Kvd__SessionFenceRep, KVD__SESSION_FENCE_REP__INIT, session_fence,
-             SESSION_FENCE);
     b_->session_id = sid;
     b_->min_safe_epoch = st.min_safe_epoch;
     return KV_ERR_OK;
@@ -1431,7 +1453,9 @@ static void kvd_handle_message(kvd_server_t *s)
             c.nenv = nf - 1;
             c.id = id;
             c.t0 = t0;
+            s->ar_fail = (int)((s->nomem_ops >> op) & 1);
             e = kvd_ops[op](&c);
+            s->ar_fail = 0;
         }
     }
     if (!c.deferred)
@@ -1831,6 +1855,23 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
         KVD_LOGW("KVD_TEST_SNAPSHOT_HOLD=%" PRIu64 ": test hook, snapshot writes stop after %"
                  PRIu64 " slices until shutdown (never set this in production)",
                  s->snap_hold, s->snap_hold);
+    }
+    /* Test hook (it_malformed): the reply allocations of the named operations fail, as under
+     * memory exhaustion, so that a test can check that such an operation changes nothing
+     * (the reply is built before the state changes). Comma-separated op names. */
+    const char *nomem = getenv("KVD_TEST_REPLY_NOMEM");
+    if (nomem && nomem[0]) {
+        for (int i = 0; i < KVP_OP_COUNT; i++) {
+            const char *nm = kvp_op_name((kvp_op_t)i), *p = nomem;
+            size_t l = strlen(nm);
+            while ((p = strstr(p, nm)) != NULL) {
+                if ((p == nomem || p[-1] == ',') && (p[l] == ',' || p[l] == '\0'))
+                    s->nomem_ops |= 1ull << i;
+                p += l;
+            }
+        }
+        KVD_LOGW("KVD_TEST_REPLY_NOMEM=%s: test hook, replies of these operations fail with "
+                 "NOMEM (never set this in production)", nomem);
     }
     if (s->persist) { /* after the quota is applied, before any client or event subscriber */
         kvd_snap_ident(&s->snap_id, s->core, cfg->namespace, s->salt);

@@ -195,12 +195,94 @@ static void test_frames_and_oversize(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* The reply of a call is built before the call changes anything: a reply that cannot be
+ * allocated (NOMEM) must mean that nothing happened. KVD_TEST_REPLY_NOMEM makes the reply
+ * allocations of the named operations fail. Before session 12 each of these applied its change
+ * and then answered NOMEM: a seal sealed, a release released, a lookup took references the
+ * client never learned of (held until its process exited), a sequence was opened or appended
+ * to or closed, a page pinned or evicted, a session fenced, a directive set. */
+static void start_nomem(itest_kvd_t *k, const char *ops)
+{
+    assert_int_equal(setenv("KVD_TEST_REPLY_NOMEM", ops, 1), 0);
+    itest_kvd_start(k, NULL);
+    assert_int_equal(unsetenv("KVD_TEST_REPLY_NOMEM"), 0);
+}
+
+/* kvctl's exit status (1: the daemon answered an error) */
+static int kvctl_rc(const itest_kvd_t *k, const char *const *args)
+{
+    char out[4096];
+    return itest_kvctl(k, out, sizeof out, args);
+}
+
+static void test_reply_nomem_changes_nothing(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    start_nomem(&k, "seal,release,seq_open,session_fence,config_set");
+    kvc_t *c = itest_connect(&k, "nomem A");
+    uint32_t pages[2], tok[ITEST_PT] = {0}, out;
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 2, pages), KV_ERR_OK);
+    assert_int_equal(kvc_seal(c, pages[0], KVP_NO_PAGE, tok, ITEST_PT, NULL, 0, &out),
+                     KV_ERR_NOMEM);
+    assert_int_equal(itest_stat(&k, "seals"), 0);
+    assert_int_equal(itest_stat(&k, "pages_open.fp8"), 2);
+    assert_int_equal(kvc_release(c, pages, 1), KV_ERR_NOMEM);
+    assert_int_equal(itest_stat(&k, "request_refs"), 2);
+    uint64_t seq;
+    assert_int_equal(kvc_seq_open(c, "s", &seq), KV_ERR_NOMEM);
+    assert_int_equal(itest_stat(&k, "sequences"), 0);
+    char sid[24];
+    snprintf(sid, sizeof sid, "%llu", (unsigned long long)kvc_session_id(c));
+    const char *fence[] = {"sessions", "fence", sid, NULL};
+    assert_int_equal(kvctl_rc(&k, fence), 1);
+    assert_int_equal(kvc_release(c, pages + 1, 1), KV_ERR_NOMEM); /* not FAILED_PRECONDITION */
+    const char *set[] = {"config", "set", "max_alloc", "7", NULL};
+    assert_int_equal(kvctl_rc(&k, set), 1);
+    char cfg[4096];
+    const char *get[] = {"config", "get", "max_alloc", NULL};
+    assert_int_equal(itest_kvctl(&k, cfg, sizeof cfg, get), 0);
+    assert_non_null(strstr(cfg, "= 4096 "));
+    kvc_close(&c);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+
+    start_nomem(&k, "lookup,seq_append,seq_close,cache_pin,cache_evict");
+    c = itest_connect(&k, "nomem B");
+    uint32_t sealed[2], got[2], ptok[2 * ITEST_PT];
+    itest_seal_known(c, 5, 2, sealed);
+    assert_int_equal(kvc_release(c, sealed, 2), KV_ERR_OK);
+    itest_prompt_tokens(5, 2, ptok);
+    size_t np = 0;
+    assert_int_equal(kvc_lookup(c, ptok, 2 * ITEST_PT, NULL, 0, 0, got, 2, &np, NULL),
+                     KV_ERR_NOMEM);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    char pg[16];
+    snprintf(pg, sizeof pg, "%u", sealed[0]);
+    const char *pin[] = {"cache", "pin", pg, NULL}, *ev[] = {"cache", "evict", pg, NULL};
+    assert_int_equal(kvctl_rc(&k, pin), 1);
+    assert_int_equal(itest_stat(&k, "pins"), 0);
+    assert_int_equal(kvctl_rc(&k, ev), 1);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 2);
+    uint32_t one;
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, &one), KV_ERR_OK);
+    assert_int_equal(kvc_seq_open(c, "s", &seq), KV_ERR_OK);
+    assert_int_equal(kvc_seq_append(c, seq, &one, 1), KV_ERR_NOMEM);
+    assert_int_equal(kvc_release(c, &one, 1), KV_ERR_OK); /* still loose: not appended */
+    assert_int_equal(kvc_seq_close(c, seq), KV_ERR_NOMEM);
+    assert_int_equal(itest_stat(&k, "sequences"), 1);
+    kvc_close(&c);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_and_truncated_bytes),
         cmocka_unit_test(test_bad_fields_get_named_errors),
         cmocka_unit_test(test_frames_and_oversize),
+        cmocka_unit_test(test_reply_nomem_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
