@@ -1445,7 +1445,12 @@ static void kvd_handle_message(kvd_server_t *s)
                      "restarted daemon must hello again, daemon instance %016" PRIx64 ")",
                      kvp_op_name(op), s->instance);
         } else {
-            if (c.sess && req->completed_epoch &&
+            /* A heartbeat that carries its own completed_epoch reports that one (an error
+             * when bad); the envelope's is not applied first: libkvc puts the latest epoch it
+             * saw there, which made a heartbeat's older but valid report fail as decreasing
+             * and let the envelope's claim stand instead of the heartbeat's. */
+            const int hb_reports = op == KVP_OP_HEARTBEAT && req->heartbeat->completed_epoch;
+            if (c.sess && req->completed_epoch && !hb_reports &&
                 kvd_core_session_report_epoch(s->core, c.sess->sid, req->completed_epoch) != 0)
                 KVD_LOGD("session %" PRIu64 ": epoch report %" PRIu64 " ignored: %s",
                          c.sess->sid, req->completed_epoch, kvd_core_errmsg(s->core));

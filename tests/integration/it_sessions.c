@@ -368,6 +368,39 @@ static void test_goodbye(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* A heartbeat's own completed_epoch is its report. libkvc also puts the latest epoch it has
+ * seen in every request's envelope; the daemon applied that first, so a heartbeat declaring an
+ * older (valid, not decreasing) safe epoch failed with INVALID_ARGUMENT "must be >= the
+ * previous report", and the envelope's claim stood instead of the heartbeat's. */
+static void test_heartbeat_epoch_is_the_body(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *c = itest_connect(&k, "heartbeat");
+    uint64_t first = kvc_epoch(c);
+    uint32_t page;
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, &page), KV_ERR_OK);
+    assert_int_equal(kvc_release(c, &page, 1), KV_ERR_OK); /* stamps: the epoch moves */
+    assert_true(kvc_epoch(c) > first);
+    kv_err_t e = kvc_heartbeat(c, first);
+    if (e != KV_ERR_OK)
+        fail_msg("heartbeat(%llu) at epoch %llu: %s", (unsigned long long)first,
+                 (unsigned long long)kvc_epoch(c), kvc_errmsg(c));
+    char out[4096], want[64];
+    const char *list[] = {"--json", "sessions", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, list), 0);
+    snprintf(want, sizeof want, "\"completed_epoch\":%llu,", (unsigned long long)first);
+    if (!strstr(out, want))
+        fail_msg("the heartbeat's epoch %llu is not the session's: %s",
+                 (unsigned long long)first, out);
+    /* a bad report in the heartbeat itself is still an error */
+    assert_int_equal(kvc_heartbeat(c, kvc_epoch(c) + 100), KV_ERR_INVALID_ARGUMENT);
+    kvc_close(&c);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -378,6 +411,7 @@ int main(void)
         cmocka_unit_test(test_late_reply_released),
         cmocka_unit_test(test_fence_silent_session),
         cmocka_unit_test(test_goodbye),
+        cmocka_unit_test(test_heartbeat_epoch_is_the_body),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
