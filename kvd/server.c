@@ -609,7 +609,8 @@ static kv_err_t kvd_op_hello(kvd_req_ctx_t *c)
 {
     kvd_server_t *s = c->s;
     const Kvd__HelloReq *h = c->req->hello;
-    if (s->draining)
+    /* drain refuses new sessions; a second hello of a connection returns the one it has */
+    if (s->draining && !c->sess)
         return kvd_fail(c, KV_ERR_DRAINING, "the daemon is draining: no new sessions");
     if (!c->have_cred)
         return kvd_fail(c, KV_ERR_PERMISSION_DENIED,

@@ -401,6 +401,33 @@ static void test_heartbeat_epoch_is_the_body(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* Drain refuses new sessions, not a second hello of a connection that has one (it returns the
+ * same session): kvc_rehello of a live client during a drain failed with DRAINING. */
+static void test_rehello_while_draining(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvc_t *a = itest_connect(&k, "drained");
+    uint64_t sid = kvc_session_id(a);
+    char out[4096];
+    const char *drain[] = {"drain", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, drain), 0);
+    kv_err_t e = kvc_rehello(a);
+    if (e != KV_ERR_OK)
+        fail_msg("rehello of a live session while draining: %s", kvc_errmsg(a));
+    assert_int_equal(kvc_session_id(a), sid);
+    assert_non_null(kvc_pool_base(a, KV_FMT_FP8));
+    kvc_t *b = NULL; /* a new session is still refused */
+    assert_int_equal(kvc_connect(&b, k.endpoint, 30000), KV_ERR_OK);
+    assert_int_equal(kvc_hello(b, NULL, "new", 1), KV_ERR_DRAINING);
+    assert_int_equal(itest_stat(&k, "sessions"), 1);
+    kvc_close(&b);
+    kvc_close(&a);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -412,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_fence_silent_session),
         cmocka_unit_test(test_goodbye),
         cmocka_unit_test(test_heartbeat_epoch_is_the_body),
+        cmocka_unit_test(test_rehello_while_draining),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
