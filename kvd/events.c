@@ -52,7 +52,8 @@ struct kvd_events_s {
     void *pub;
     char ipc_path[256]; /* ipc:// endpoints: the socket file, removed at free; else "" */
     int lock_fd;        /* kvd_lock_file of ipc_path + ".lock" (one daemon per socket), or -1 */
-    uv_check_t check;
+    uv_check_t check;     /* flushes what the poll phase's callbacks (requests) changed */
+    uv_prepare_t prepare; /* flushes what timers (lifecycle ticks) changed, before poll sleeps */
     char *ns;
     uint64_t instance, seq;
     int tokens;
@@ -309,6 +310,15 @@ static void check_cb(uv_check_t *h)
     kvd_events_flush(h->data);
 }
 
+/* libuv runs timers (and closing handles) outside the poll → check window: a check handle alone
+ * left a lifecycle tick's FORMAT_CHANGED (and the REMOVED of the evictions its conversions
+ * caused) pending while poll slept, until a request or the next timer woke the loop (a whole
+ * lifecycle_ms on an idle daemon). prepare runs right before poll blocks. */
+static void prepare_cb(uv_prepare_t *h)
+{
+    kvd_events_flush(h->data);
+}
+
 /* ipc: the socket file's directory is created 0700, like the control socket's. */
 static int prepare_ipc(const char *endpoint, char *err, size_t errlen)
 {
@@ -383,6 +393,9 @@ int kvd_events_init(kvd_events_t **out, uv_loop_t *loop, const kvd_events_opts_t
     uv_check_init(loop, &e->check);
     e->check.data = e;
     uv_check_start(&e->check, check_cb);
+    uv_prepare_init(loop, &e->prepare);
+    e->prepare.data = e;
+    uv_prepare_start(&e->prepare, prepare_cb);
     clear(e, KVD__EVENT_ENTRY__REASON__REASON_START);
     *out = e;
     return 0;
@@ -411,6 +424,7 @@ void kvd_events_stop(kvd_events_t *e)
     clear(e, KVD__EVENT_ENTRY__REASON__REASON_SHUTDOWN);
     kvd_events_flush(e);
     uv_close((uv_handle_t *)&e->check, NULL);
+    uv_close((uv_handle_t *)&e->prepare, NULL);
 }
 
 void kvd_events_free(kvd_events_t **ep)

@@ -4,8 +4,9 @@
  *
  * The core knows nothing of ZeroMQ: it calls a hook (kvd_core_set_index_hook) on every index
  * change; kvd_events_hook copies the change into a pending batch. The batch is published as
- * ONE message [namespace][Event] when the loop iteration ends (a uv_check handle: everything a
- * request, a timer or a lifecycle tick changed goes out together) or as soon as it holds
+ * ONE message [namespace][Event] before the loop next sleeps — a uv_check handle after the poll
+ * phase (what the requests of one ROUTER drain changed goes out together) and a uv_prepare
+ * handle before it (what timers, e.g. a lifecycle tick, changed) — or as soon as it holds
  * `batch_max` entries. Each message carries the next sequence number; an entry that cannot be
  * queued or sent (allocation failure, send error) burns a sequence number so that subscribers
  * see a gap, exactly as they do when PUB drops under its high-water mark.
@@ -52,9 +53,9 @@ void kvd_events_announce(kvd_events_t *e, const kvd_core_t *c);
  * returning. *seq_out = seq of the message holding the CLEARED; *entries_out = STOREDs. */
 void kvd_events_resync(kvd_events_t *e, const kvd_core_t *c, uint64_t *seq_out,
                        uint32_t *entries_out);
-/* Publish what is pending now (normally the uv_check handle does). */
+/* Publish what is pending now (normally the check and prepare handles do). */
 void kvd_events_flush(kvd_events_t *e);
-/* Queue CLEARED (shutdown), flush, and close the loop handle (uv_close; run the loop after). */
+/* Queue CLEARED (shutdown), flush, and close the loop handles (uv_close; run the loop after). */
 void kvd_events_stop(kvd_events_t *e);
 /* Close the socket (its linger lets the last message out) and free; *e = NULL. NULL-safe.
  * Call before zmq_ctx_term of the context. */

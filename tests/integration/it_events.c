@@ -34,6 +34,7 @@
 #include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -46,7 +47,7 @@
 #define WAIT_MS 60000
 
 typedef struct ent_s {
-    uint64_t seq;
+    uint64_t seq, time_ns;
     int kind, reason, format;
     uint32_t page, tokens, nids, tok0, tok_last;
     int has_hash, has_parent;
@@ -96,6 +97,7 @@ static int sub_recv(subr_t *s, int timeout_ms)
         ent_t *e = &s->q[s->qt++];
         memset(e, 0, sizeof *e);
         e->seq = ev->seq;
+        e->time_ns = ev->time_ns;
         e->kind = x->kind;
         e->reason = x->reason;
         e->format = x->format;
@@ -406,6 +408,87 @@ static void test_events(void **state)
     itest_rmtree(evdir);
 }
 
+static uint64_t realtime_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* Event.time_ns's clock */
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A lifecycle tick's FORMAT_CHANGED leaves when the tick made it, not when something next wakes
+ * an idle daemon. Regression: the publisher flushed from a uv_check handle only, which runs
+ * after the poll phase, and timers run outside it: the entries of a tick waited while poll
+ * slept until the next timer (here the next tick, 2.5 s later; epoch_ms and lease_ms are set
+ * long so that nothing else wakes the loop). */
+static void test_events_tick_not_held(void **state)
+{
+    (void)state;
+    char evdir[64];
+    itest_tmpdir(evdir, sizeof evdir, "kvd-ev");
+    char evep[128];
+    snprintf(evep, sizeof evep, "ipc://%s/run/events.sock", evdir);
+    itest_kvd_t k;
+    // clang-format off
+    const char *extra[] = {
+        "--events_endpoint", evep,
+        "--lifecycle_ms", "2500",
+        "--epoch_ms", "60000",
+        "--lease_ms", "86400000",
+        "--recent_pages", "1",
+        "--anchor_pages", "0",
+        NULL};
+    // clang-format on
+    itest_kvd_start(&k, extra);
+    kvc_t *c = itest_connect(&k, "events-tick");
+    subr_t *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    s->ctx = zmq_ctx_new();
+    s->sub = zmq_socket(s->ctx, ZMQ_SUB);
+    assert_int_equal(zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, "default", 7), 0);
+    assert_int_equal(zmq_connect(s->sub, evep), 0);
+    sub_sync(s, c);
+    /* 3 sealed pages in a sequence: with a window of 1, the next tick retiers 0 and 1 */
+    uint32_t pages[3], canon[3], tok[3 * PT];
+    for (uint32_t i = 0; i < 3 * PT; i++)
+        tok[i] = 70000u + i;
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 3, pages), KV_ERR_OK);
+    for (uint32_t i = 0; i < 3; i++)
+        if (kvc_seal(c, pages[i], i ? canon[i - 1] : KVP_NO_PAGE, tok + i * PT, PT, NULL, 0,
+                     &canon[i]) != KV_ERR_OK)
+            fail_msg("seal %u: %s", i, kvc_errmsg(c));
+    uint64_t seq;
+    assert_int_equal(kvc_seq_open(c, "tick", &seq), KV_ERR_OK);
+    assert_int_equal(kvc_seq_append(c, seq, canon, 3), KV_ERR_OK);
+    for (uint32_t i = 0; i < 3; i++)
+        assert_int_equal(next(s).kind, KVD__EVENT_ENTRY__KIND__KIND_STORED);
+    /* the tick is seen in the client's own directory mapping: no request wakes the daemon */
+    int64_t t0 = itest_now_us();
+    while (kv_dir_fmt(kvc_directory(c)[canon[0]]) != KV_FMT_TQ3 ||
+           kv_dir_fmt(kvc_directory(c)[canon[1]]) != KV_FMT_TQ3) {
+        if (itest_now_us() - t0 > (int64_t)WAIT_MS * 1000)
+            fail_msg("pages 0 and 1 not retiered within %d ms", WAIT_MS);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    uint64_t seen_ns = realtime_ns();
+    for (int n = 0; n < 2; n++) {
+        ent_t f = next(s);
+        assert_int_equal(f.kind, KVD__EVENT_ENTRY__KIND__KIND_FORMAT_CHANGED);
+        assert_true(f.page == canon[0] || f.page == canon[1]);
+        if (f.time_ns > seen_ns && f.time_ns - seen_ns > 1000000000ull)
+            fail_msg("FORMAT_CHANGED of page %u published %llu ms after the directory showed "
+                     "it", f.page, (unsigned long long)((f.time_ns - seen_ns) / 1000000u));
+    }
+    kvc_close(&c);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    int zero = 0;
+    zmq_setsockopt(s->sub, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(s->sub);
+    zmq_ctx_term(s->ctx);
+    free(s);
+    itest_rmtree(evdir);
+}
+
 /* Events off (the default): kvctl says so, events sync is refused, hello names no endpoint. */
 static void test_events_off(void **state)
 {
@@ -429,6 +512,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_events_off),
         cmocka_unit_test(test_events),
+        cmocka_unit_test(test_events_tick_not_held),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -558,6 +558,66 @@ static void test_resync(void **state)
     kvd_core_free(&c);
 }
 
+static uint64_t real_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* Event.time_ns's clock */
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+typedef struct timer_change_s {
+    kvd_events_t *ev;
+    uint64_t at_ns; /* when the change was made */
+} timer_change_t;
+
+static void change_from_timer(uv_timer_t *t)
+{
+    timer_change_t *x = t->data;
+    uint8_t h[KVD_HASH_BYTES];
+    memset(h, 0x5A, sizeof h);
+    kvd_index_ev_t fc = {.kind = KVD_INDEX_EV_FORMAT, .logical = 8, .fmt = KV_FMT_TQ3, .hash = h};
+    x->at_ns = real_ns();
+    kvd_events_hook(&fc, x->ev); /* what a lifecycle tick's retier of a cached page does */
+}
+
+static void stop_loop(uv_timer_t *t)
+{
+    uv_stop(t->loop);
+}
+
+/* A change made in a timer callback (the lifecycle tick) goes out before the loop sleeps
+ * again. Regression: only a uv_check handle flushed, and libuv runs timers outside the
+ * poll → check window, so the tick's FORMAT_CHANGED waited in the pending batch while poll
+ * slept, until the next timer or request woke the loop: here 1.5 s, in an idle daemon a whole
+ * lifecycle_ms (or epoch_ms). */
+static void test_timer_change_not_held(void **state)
+{
+    pubfx_t f;
+    uint64_t seq = pub_open(&f, 64, 1);
+    timer_change_t x = {.ev = f.ev};
+    uv_timer_t change, stop;
+    uv_timer_init(&f.loop, &change);
+    uv_timer_init(&f.loop, &stop);
+    change.data = &x;
+    uv_timer_start(&change, change_from_timer, 10, 0);
+    uv_timer_start(&stop, stop_loop, 1500, 0); /* the next wake-up of an idle loop */
+    uv_run(&f.loop, UV_RUN_DEFAULT);
+    Kvd__Event *e = recv_event(&f, 30000);
+    assert_non_null(e);
+    assert_int_equal(e->seq, seq + 1);
+    assert_int_equal(e->n_entries, 1);
+    assert_int_equal(e->entries[0]->kind, KVD__EVENT_ENTRY__KIND__KIND_FORMAT_CHANGED);
+    assert_true(x.at_ns > 0);
+    uint64_t late_ms = (e->time_ns - x.at_ns) / 1000000u;
+    if (e->time_ns < x.at_ns || late_ms > 700)
+        fail_msg("the timer's change was published %llu ms after it was made",
+                 (unsigned long long)late_ms);
+    kvd__event__free_unpacked(e, NULL);
+    uv_close((uv_handle_t *)&change, NULL);
+    uv_close((uv_handle_t *)&stop, NULL);
+    pub_close(&f);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -608,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_publisher),
         cmocka_unit_test(test_announce),
         cmocka_unit_test(test_resync),
+        cmocka_unit_test(test_timer_change_not_held),
         cmocka_unit_test(test_publisher_rate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
