@@ -253,8 +253,26 @@ static void kvd_http_accept(uv_stream_t *srv, int status)
         h->conns->prev = c;
     h->conns = c;
     h->nconns++;
-    if (uv_accept(srv, (uv_stream_t *)&c->tcp) != 0 || h->nconns > KVD_HTTP_MAX_CONNS ||
-        uv_read_start((uv_stream_t *)&c->tcp, kvd_http_alloc, kvd_http_read) != 0 ||
+    if (uv_accept(srv, (uv_stream_t *)&c->tcp) != 0) {
+        kvd_http_conn_close(c);
+        return;
+    }
+    if (h->nconns > KVD_HTTP_MAX_CONNS) {
+        /* Full. Refusing the newcomer let anyone who holds 64 idle connections lock the scraper
+         * out (and keep it out by reconnecting every 10 s). A scraper sends its GET as soon as
+         * it connects, so the oldest connection still without a request is the one to drop;
+         * the newcomer is refused only when all the others are being answered. */
+        kvd_http_conn_t *old = NULL;
+        for (kvd_http_conn_t *p = h->conns; p; p = p->next)
+            if (p != c && !p->responded)
+                old = p; /* the list is newest first: the last one is the oldest */
+        if (!old) {
+            kvd_http_conn_close(c);
+            return;
+        }
+        kvd_http_conn_close(old);
+    }
+    if (uv_read_start((uv_stream_t *)&c->tcp, kvd_http_alloc, kvd_http_read) != 0 ||
         uv_timer_start(&c->idle, kvd_http_idle, KVD_HTTP_IDLE_MS, 0) != 0)
         kvd_http_conn_close(c);
 }

@@ -44,7 +44,9 @@ int kvd_metrics_render(const kvd_metrics_t *m, const kvd_stats_t *st,
 /* HTTP listener. render(ud, &text) must return a malloc'd string. */
 /* Connections are tracked so that kvd_http_stop can close them (an idle scraper must not keep
  * the loop, and so the daemon's shutdown, alive); each also closes after KVD_HTTP_IDLE_MS
- * without a complete request, and at most KVD_HTTP_MAX_CONNS are open at once. */
+ * without a complete request, and at most KVD_HTTP_MAX_CONNS are open at once: one more
+ * closes the oldest that has sent no complete request yet (refused only when all are being
+ * answered), so idle connections cannot lock a scraper out. */
 #define KVD_HTTP_IDLE_MS 10000
 #define KVD_HTTP_MAX_CONNS 64
 typedef struct kvd_http_conn_s kvd_http_conn_t;
