@@ -172,9 +172,57 @@ static kv_err_t kvp_fail(char *msg, size_t cap, kv_err_t e, const char *fmt, ...
     return e;
 }
 
-static int kvp_str_ok(const char *s)
+/* What is wrong with the characters of string s (*at: the byte where), or NULL. Strings are
+ * shown to operators (kvctl sessions, log lines) and echoed in replies, which the proto3
+ * decoders of other languages refuse unless they are UTF-8 (protobuf-c does not check): valid
+ * UTF-8 (no overlong form, surrogate or code point above U+10FFFF) and no control character
+ * (C0, DEL, C1: a newline would forge a log line, an escape sequence would reach the
+ * operator's terminal). */
+static const char *kvp_str_bad(const char *s, size_t *at)
 {
-    return s == NULL || strlen(s) <= KVP_MAX_STRING;
+    if (!s)
+        return NULL;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        unsigned c = p[i];
+        *at = i;
+        if (c < 0x20 || c == 0x7f)
+            return "a control character";
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 0;
+        if (len == 0 || c > 0xf4 || i + len > n)
+            return "not UTF-8";
+        uint32_t cp = c & (0x7fu >> len);
+        for (size_t k = 1; k < len; k++) {
+            if ((p[i + k] & 0xc0) != 0x80)
+                return "not UTF-8";
+            cp = cp << 6 | (p[i + k] & 0x3fu);
+        }
+        static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min_cp[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return "not UTF-8";
+        if (cp >= 0x80 && cp < 0xa0)
+            return "a control character";
+        i += len;
+    }
+    return NULL;
+}
+
+/* INVALID_ARGUMENT naming the field, the problem and where, or OK. */
+static kv_err_t kvp_str_ok(const char *s, const char *field, char *msg, size_t cap)
+{
+    size_t n = s ? strlen(s) : 0, at = 0;
+    if (n > KVP_MAX_STRING)
+        return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT, "%s: %zu bytes, max %u", field, n,
+                        KVP_MAX_STRING);
+    const char *why = kvp_str_bad(s, &at);
+    if (why)
+        return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT, "%s: %s at byte %zu", field, why, at);
+    return KV_ERR_OK;
 }
 
 static kv_err_t kvp_pages_ok(const uint32_t *pages, size_t n, size_t min, const kvp_limits_t *lim,
@@ -207,10 +255,10 @@ static kv_err_t kvp_validate(const Kvd__Request *r, kvp_op_t op, const kvp_limit
     switch (op) {
     case KVP_OP_HELLO: {
         const Kvd__HelloReq *h = r->hello;
-        if (!kvp_str_ok(h->namespace_) || !kvp_str_ok(h->client_name))
-            return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT, "hello: string longer than %u",
-                            KVP_MAX_STRING);
-        return KV_ERR_OK;
+        kv_err_t e = kvp_str_ok(h->namespace_, "hello.namespace", msg, cap);
+        if (e == KV_ERR_OK)
+            e = kvp_str_ok(h->client_name, "hello.client_name", msg, cap);
+        return e;
     }
     case KVP_OP_ALLOC:
         if (r->alloc->count < 1 || r->alloc->count > lim->max_alloc)
@@ -255,10 +303,7 @@ static kv_err_t kvp_validate(const Kvd__Request *r, kvp_op_t op, const kvp_limit
     case KVP_OP_RELEASE:
         return kvp_pages_ok(r->release->pages, r->release->n_pages, 1, lim, "release", msg, cap);
     case KVP_OP_SEQ_OPEN:
-        if (!kvp_str_ok(r->seq_open->tag))
-            return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT, "seq_open: tag longer than %u",
-                            KVP_MAX_STRING);
-        return KV_ERR_OK;
+        return kvp_str_ok(r->seq_open->tag, "seq_open.tag", msg, cap);
     case KVP_OP_SEQ_APPEND:
         return kvp_pages_ok(r->seq_append->pages, r->seq_append->n_pages, 1, lim, "seq_append",
                             msg, cap);
@@ -271,13 +316,13 @@ static kv_err_t kvp_validate(const Kvd__Request *r, kvp_op_t op, const kvp_limit
     case KVP_OP_PAGE_INFO:
         return kvp_page_ok(r->page_info->page, lim, "page_info.page", msg, cap);
     case KVP_OP_CONFIG_GET:
-        if (!kvp_str_ok(r->config_get->key))
-            return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT, "config_get: key too long");
-        return KV_ERR_OK;
-    case KVP_OP_CONFIG_SET:
-        if (!kvp_str_ok(r->config_set->key) || !kvp_str_ok(r->config_set->value))
-            return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT, "config_set: string too long");
-        return KV_ERR_OK;
+        return kvp_str_ok(r->config_get->key, "config_get.key", msg, cap);
+    case KVP_OP_CONFIG_SET: {
+        kv_err_t e = kvp_str_ok(r->config_set->key, "config_set.key", msg, cap);
+        if (e == KV_ERR_OK)
+            e = kvp_str_ok(r->config_set->value, "config_set.value", msg, cap);
+        return e;
+    }
     case KVP_OP_SESSION_FENCE:
         if (r->session_fence->session_id == 0)
             return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT,

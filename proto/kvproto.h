@@ -10,7 +10,7 @@
  *   3. protobuf-c unpacking (MALFORMED on failure),
  *   4. protocol version (VERSION_MISMATCH), presence of a body (MALFORMED),
  *   5. per-operation field bounds (INVALID_ARGUMENT): counts, token lengths, page ids below
- *      the directory size, format values, string lengths.
+ *      the directory size, format values, strings (length, UTF-8, no control characters).
  * On any failure it returns the code with a human message naming the field and the bound, and
  * still reports the request id when the bytes got that far, so the reply can be matched.
  *

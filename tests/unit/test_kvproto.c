@@ -175,6 +175,73 @@ static void test_kvproto_garbage(void **state)
     assert_int_equal(decode(ok5, sizeof ok5, &lim, &id, &op, msg), KV_ERR_MALFORMED);
 }
 
+/* Strings reach operators (kvctl sessions, log lines) and replies: the gate names the field
+ * and refuses, besides length, control characters and bytes that are not UTF-8. Before
+ * session 12 a client_name with a newline or invalid UTF-8 passed (a forged log line; a
+ * SessionsRep that proto3 decoders of other languages refuse), and the message of a long
+ * string did not say which one. */
+static void test_kvproto_strings(void **state)
+{
+    (void)state;
+    uint8_t buf[1024];
+    char msg[256];
+    uint64_t id;
+    kvp_op_t op;
+    Kvd__Request r = KVD__REQUEST__INIT;
+    Kvd__HelloReq h = KVD__HELLO_REQ__INIT;
+    r.version = KVP_VERSION;
+    r.body_case = KVD__REQUEST__BODY_HELLO;
+    r.hello = &h;
+    static const char *good[] = {"", "engine-7 (tp=2)", "caf\xc3\xa9", "\xe2\x82\xac 100",
+                                 "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        h.client_name = (char *)good[i];
+        assert_int_equal(decode(buf, pack(&r, buf), NULL, &id, &op, msg), KV_ERR_OK);
+    }
+    static const struct {
+        const char *s, *why;
+    } bad[] = {
+        {"a\nkvd: forged log line", "hello.client_name: a control character at byte 1"},
+        {"\x1b[2J", "hello.client_name: a control character at byte 0"},
+        {"x\x7f", "hello.client_name: a control character at byte 1"},
+        {"\xc2\x85", "hello.client_name: a control character at byte 0"}, /* C1 NEL */
+        {"ab\xff", "hello.client_name: not UTF-8 at byte 2"},
+        {"\xc3", "hello.client_name: not UTF-8 at byte 0"},            /* truncated */
+        {"\xc0\xaf", "hello.client_name: not UTF-8 at byte 0"},        /* overlong '/' */
+        {"\xed\xa0\x80", "hello.client_name: not UTF-8 at byte 0"},    /* surrogate */
+        {"\xf4\x90\x80\x80", "hello.client_name: not UTF-8 at byte 0"}, /* > U+10FFFF */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        h.client_name = (char *)bad[i].s;
+        assert_int_equal(decode(buf, pack(&r, buf), NULL, &id, &op, msg),
+                         KV_ERR_INVALID_ARGUMENT);
+        assert_string_equal(msg, bad[i].why);
+    }
+    char big[KVP_MAX_STRING + 2];
+    memset(big, 'n', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    h.client_name = "ok";
+    h.namespace_ = big;
+    assert_int_equal(decode(buf, pack(&r, buf), NULL, &id, &op, msg), KV_ERR_INVALID_ARGUMENT);
+    assert_string_equal(msg, "hello.namespace: 257 bytes, max 256");
+    /* the other string fields go through the same check */
+    Kvd__Request q = KVD__REQUEST__INIT;
+    Kvd__ConfigSetReq cs = KVD__CONFIG_SET_REQ__INIT;
+    q.version = KVP_VERSION;
+    q.body_case = KVD__REQUEST__BODY_CONFIG_SET;
+    q.config_set = &cs;
+    cs.key = "log_level";
+    cs.value = "debug\r";
+    assert_int_equal(decode(buf, pack(&q, buf), NULL, &id, &op, msg), KV_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "config_set.value"));
+    Kvd__SeqOpenReq so = KVD__SEQ_OPEN_REQ__INIT;
+    q.body_case = KVD__REQUEST__BODY_SEQ_OPEN;
+    q.seq_open = &so;
+    so.tag = "req\t1";
+    assert_int_equal(decode(buf, pack(&q, buf), NULL, &id, &op, msg), KV_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "seq_open.tag"));
+}
+
 static void test_kvproto_op_table(void **state)
 {
     (void)state;
@@ -195,6 +262,7 @@ int main(void)
         cmocka_unit_test(test_kvproto_version_and_body),
         cmocka_unit_test(test_kvproto_seal_tokens_and_ids),
         cmocka_unit_test(test_kvproto_garbage),
+        cmocka_unit_test(test_kvproto_strings),
         cmocka_unit_test(test_kvproto_op_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
