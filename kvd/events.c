@@ -105,12 +105,9 @@ static void lose(kvd_events_t *e, size_t entries)
     e->seq++;
 }
 
-void kvd_events_flush(kvd_events_t *e)
+/* Pack entries ent[first, first + n) as one message and send it. */
+static void publish(kvd_events_t *e, size_t first, size_t n)
 {
-    if (!e || e->n == 0)
-        return;
-    size_t n = e->n;
-    e->n = e->ntok = e->nxb = 0;
     if (grow((void **)&e->pe, &e->pcap, n, sizeof *e->pe) != 0) {
         lose(e, n);
         return;
@@ -123,7 +120,7 @@ void kvd_events_flush(kvd_events_t *e)
     }
     e->pp = pp;
     for (size_t i = 0; i < n; i++) {
-        const ev_ent_t *s = &e->ent[i];
+        const ev_ent_t *s = &e->ent[first + i];
         Kvd__EventEntry *m = &e->pe[i];
         kvd__event_entry__init(m);
         m->kind = (Kvd__EventEntry__Kind)s->kind;
@@ -174,6 +171,19 @@ void kvd_events_flush(kvd_events_t *e)
     }
     e->published += n;
     e->batches++;
+}
+
+void kvd_events_flush(kvd_events_t *e)
+{
+    if (!e || e->n == 0)
+        return;
+    size_t n = e->n;
+    e->n = e->ntok = e->nxb = 0; /* the pools keep their bytes until the next push */
+    /* push() keeps a batch within batch_max, but an events_batch lowered at run time finds
+     * more than that pending: split, so that no message exceeds the setting */
+    size_t per = e->batch_max;
+    for (size_t at = 0; at < n; at += per)
+        publish(e, at, n - at < per ? n - at : per);
 }
 
 /* Reserve one pending entry (flushing first when the batch is full). NULL on allocation

@@ -558,6 +558,40 @@ static void test_resync(void **state)
     kvd_core_free(&c);
 }
 
+/* events_batch lowered (config set) while more entries than the new value are pending: the
+ * flush splits them, in order. Regression: they went out as one message of 5 over a setting
+ * of 2 (push() only bounds a batch as it grows). */
+static void test_batch_lowered_while_pending(void **state)
+{
+    pubfx_t f;
+    uint64_t seq = pub_open(&f, 8, 1);
+    for (uint32_t i = 0; i < 5; i++)
+        hook_stored(f.ev, 100 + i, (uint8_t)(10 + i), NULL);
+    kvd_events_configure(f.ev, 2, 1);
+    kvd_events_flush(f.ev);
+    const size_t want[3] = {2, 2, 1};
+    uint32_t page = 100;
+    for (int m = 0; m < 3; m++) {
+        Kvd__Event *e = recv_event(&f, 30000);
+        assert_non_null(e);
+        assert_int_equal(e->seq, seq + 1 + (uint64_t)m);
+        if (e->n_entries != want[m])
+            fail_msg("message %d holds %zu entries, events_batch is 2", m, e->n_entries);
+        for (size_t i = 0; i < e->n_entries; i++, page++) {
+            assert_int_equal(e->entries[i]->page, page);
+            assert_int_equal(e->entries[i]->n_token_ids, FX_PT);
+            assert_int_equal(e->entries[i]->token_ids[0], page - 100 + 10);
+            assert_int_equal(e->entries[i]->extra.data[1], page - 100 + 10);
+        }
+        kvd__event__free_unpacked(e, NULL);
+    }
+    kvd_stats_t st;
+    memset(&st, 0, sizeof st);
+    kvd_events_stats(f.ev, &st);
+    assert_int_equal(st.events_seq, seq + 3);
+    pub_close(&f);
+}
+
 static uint64_t real_ns(void)
 {
     struct timespec ts;
@@ -669,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_announce),
         cmocka_unit_test(test_resync),
         cmocka_unit_test(test_timer_change_not_held),
+        cmocka_unit_test(test_batch_lowered_while_pending),
         cmocka_unit_test(test_publisher_rate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
