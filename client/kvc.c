@@ -158,22 +158,26 @@ fail:
     return KV_ERR_INTERNAL;
 }
 
+/* The sizes go with the mappings: after a failed map kvc_pools() must not pair a NULL base
+ * with a page count, nor kvc_dir_entries() describe a directory that is gone. */
 static void kvc_unmap(kvc_t *c)
 {
     if (c->cuda) { /* device mappings: pool[] / dir are not host addresses */
         kvc__cuda_close(&c->cuda);
-        memset(c->pool, 0, sizeof(c->pool));
-        c->dir = NULL;
-        return;
+    } else {
+        for (int f = 0; f < KV_FMT_COUNT; f++)
+            if (c->pool[f])
+                munmap(c->pool[f], c->pool_map_bytes[f]);
+        if (c->dir)
+            munmap(c->dir, c->dir_map_bytes);
     }
-    for (int f = 0; f < KV_FMT_COUNT; f++) {
-        if (c->pool[f])
-            munmap(c->pool[f], c->pool_map_bytes[f]);
-        c->pool[f] = NULL;
-    }
-    if (c->dir)
-        munmap(c->dir, c->dir_map_bytes);
+    memset(c->pool, 0, sizeof c->pool);
+    memset(c->pool_map_bytes, 0, sizeof c->pool_map_bytes);
+    memset(c->page_bytes, 0, sizeof c->page_bytes);
+    memset(c->pool_pages, 0, sizeof c->pool_pages);
     c->dir = NULL;
+    c->dir_map_bytes = 0;
+    c->dir_entries = 0;
 }
 
 void kvc_close(kvc_t **pc)
@@ -219,15 +223,21 @@ kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id)
 {
     req->version = KVP_VERSION;
     req->id = c->next_id++;
-    /* every call carries the safe epoch once a session exists (0 = not reported) */
+    /* every call carries the safe epoch once a session exists (0 = not reported); only in the
+     * packed bytes: left in the caller's struct, a request built once and sent again would
+     * report the first call's epoch for ever and hold back this session's recycling */
+    const uint64_t caller_epoch = req->completed_epoch;
     if (c->session && !req->completed_epoch)
         req->completed_epoch = c->manual_epoch ? c->safe_epoch : c->epoch;
     size_t n = kvd__request__get_packed_size(req);
     uint8_t stackbuf[4096];
     uint8_t *buf = n <= sizeof stackbuf ? stackbuf : malloc(n);
-    if (!buf)
+    if (!buf) {
+        req->completed_epoch = caller_epoch;
         return kvc_fail(c, KV_ERR_NOMEM, "out of memory packing %zu bytes", n);
+    }
     kvd__request__pack(req, buf);
+    req->completed_epoch = caller_epoch;
     kv_err_t e = kvc_send_raw(c, buf, n);
     if (buf != stackbuf)
         free(buf);
@@ -366,6 +376,15 @@ static void kvc_late_add(kvc_t *c, uint64_t id, int refs)
     c->late[c->nlate++].refs = refs;
 }
 
+/* Release references a reply gave us that the caller will never learn about (a late reply, or
+ * one refused as malformed), without waiting: the release's own reply is dropped on arrival. */
+static void kvc_give_back(kvc_t *c, const uint32_t *pages, size_t n)
+{
+    uint64_t rid;
+    if (n && kvc_release_send(c, pages, n, &rid) == KV_ERR_OK)
+        kvc_late_add(c, rid, 0);
+}
+
 /* A reply to a kvc_call that timed out: consumed here (1) or not one (0). The references an
  * alloc or a lookup took for us are released (the release's own reply is dropped the same
  * way), so that a slow daemon cannot make a client leak pages it never learned about. */
@@ -384,9 +403,7 @@ static int kvc_late(kvc_t *c, Kvd__Reply *r)
         pages = r->alloc->pages, n = r->alloc->n_pages;
     else if (refs && r->status == KVD__STATUS__OK && r->body_case == KVD__REPLY__BODY_LOOKUP)
         pages = r->lookup->pages, n = r->lookup->n_pages;
-    uint64_t rid;
-    if (n && kvc_release_send(c, pages, n, &rid) == KV_ERR_OK)
-        kvc_late_add(c, rid, 0);
+    kvc_give_back(c, pages, n);
     kvd__reply__free_unpacked(r, NULL);
     return 1;
 }
@@ -440,11 +457,16 @@ kv_err_t kvc_recv_any(kvc_t *c, Kvd__Reply **rep)
         free(s);
         return kvc_reply_status(c, *rep);
     }
+    const int64_t deadline = kvc_now_ms() + c->timeout_ms;
     for (;;) {
-        kv_err_t e = kvc_recv_one(c, kvc_now_ms() + c->timeout_ms, rep);
+        kv_err_t e = kvc_recv_one(c, deadline, rep);
         if (e != KV_ERR_OK)
             return e;
-        if (!kvc_late(c, *rep))
+        /* sent before the last hello (as in kvc_recv): from another daemon instance it would
+         * also read as a restart of the one we just said hello to */
+        if ((*rep)->id < c->id_floor)
+            kvd__reply__free_unpacked(*rep, NULL);
+        else if (!kvc_late(c, *rep))
             return kvc_reply_status(c, *rep);
         *rep = NULL;
     }
@@ -495,11 +517,12 @@ static kv_err_t kvc_recv_fds(kvc_t *c, const char *path, int *fds, int *nfds)
         return kvc_fail(c, en == EAGAIN || en == EINPROGRESS ? KV_ERR_TIMEOUT : KV_ERR_UNAVAILABLE,
                         "connect(%s) failed: %s", path, strerror(en));
     }
-    uint8_t hdr[16];
+    uint8_t hdr[16] = {0};
     union {
         char buf[CMSG_SPACE(sizeof(int) * KVC_MAX_FDS)];
         struct cmsghdr align;
     } u;
+    memset(&u, 0, sizeof u);
     struct iovec iov = {.iov_base = hdr, .iov_len = sizeof hdr};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
                         .msg_controllen = sizeof u.buf};
@@ -509,6 +532,10 @@ static kv_err_t kvc_recv_fds(kvc_t *c, const char *path, int *fds, int *nfds)
     while (n < 0 && errno == EINTR);
     int en = errno;
     close(s);
+    /* A failed recvmsg writes nothing back, msg_controllen included: the control buffer then
+     * holds no fds of ours, and reading it would take stale bytes for fds and close them. */
+    if (n < 0)
+        mh.msg_controllen = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
         if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
             int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
@@ -530,8 +557,17 @@ static kv_err_t kvc_recv_fds(kvc_t *c, const char *path, int *fds, int *nfds)
             return kvc_fail(c, KV_ERR_MALFORMED,
                             "the daemon sent more fds than the %d expected on %s", KVC_MAX_FDS,
                             path);
-        return kvc_fail(c, KV_ERR_PERMISSION_DENIED,
-                        "the daemon sent no fds on %s (peer pid not matched to a session?)", path);
+        /* the daemon closes with nothing sent when our pid owns no session it knows; anything
+         * else it sent is not the handover, and saying "denied" would send the operator to
+         * admit_uids for a protocol problem */
+        if (n == 0)
+            return kvc_fail(c, KV_ERR_PERMISSION_DENIED,
+                            "the daemon sent no fds on %s (peer pid not matched to a session?)",
+                            path);
+        return kvc_fail(c, KV_ERR_MALFORMED,
+                        "the fd handover on %s is not a KVDFDS01 header (%zd of 16 bytes, first "
+                        "%02x %02x %02x %02x)",
+                        path, n, hdr[0], hdr[1], hdr[2], hdr[3]);
     }
     /* The header names A session of this process, not necessarily ours: the daemon matches
      * the peer by pid, and a process may hold several sessions (one kvc_t per thread, or an
@@ -636,6 +672,14 @@ static kv_err_t kvc_map(kvc_t *c, const Kvd__HelloRep *h)
     }
     for (int i = 0; i < nfds; i++)
         close(fds[i]);
+    /* every daemon sends a directory and an FP8 pool (pages_fp8 >= 1; TQ3 may be absent):
+     * without them kvc_page_ptr is always NULL and the kernels would get NULL bases */
+    if (e == KV_ERR_OK && !c->dir)
+        e = kvc_fail(c, KV_ERR_MALFORMED, "hello reply: no directory among its %zu pools",
+                     h->n_pools);
+    else if (e == KV_ERR_OK && !c->pool[KV_FMT_FP8])
+        e = kvc_fail(c, KV_ERR_MALFORMED, "hello reply: no FP8 pool among its %zu pools",
+                     h->n_pools);
     if (e != KV_ERR_OK)
         kvc_unmap(c);
     return e;
@@ -653,11 +697,6 @@ static void kvc_session_reset(kvc_t *c)
         kvd__reply__free_unpacked(s->rep, NULL);
         free(s);
     }
-    memset(c->pool_map_bytes, 0, sizeof c->pool_map_bytes);
-    memset(c->page_bytes, 0, sizeof c->page_bytes);
-    memset(c->pool_pages, 0, sizeof c->pool_pages);
-    c->dir_map_bytes = 0;
-    c->dir_entries = 0;
     c->session = c->epoch = c->instance = c->new_instance = 0;
     c->restarted = 0;
     c->nlate = 0; /* their replies are below the next id_floor: dropped on arrival */
@@ -703,6 +742,10 @@ kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, in
         return kvc_fail(c, KV_ERR_MALFORMED, "hello reply without a body");
     }
     const Kvd__HelloRep *hr = rep->hello;
+    if (hr->session_id == 0) { /* kvc_session_id() == 0 means "no session" to our callers */
+        kvc_reply_free(&rep);
+        return kvc_fail(c, KV_ERR_MALFORMED, "hello reply: session 0");
+    }
     c->session = hr->session_id;
     c->epoch = hr->epoch;
     c->instance = hr->instance;
@@ -836,6 +879,17 @@ static kv_err_t kvc_expect(kvc_t *c, Kvd__Reply *rep, int body_case)
     return KV_ERR_OK;
 }
 
+/* Page ids of a reply against the directory we mapped (kvctl maps none: nothing to check).
+ * Engines index the directory with them in kernels, where an id past its end reads beyond
+ * the mapping; returns the first bad index, or n. */
+static size_t kvc_bad_page(const kvc_t *c, const uint32_t *pages, size_t n)
+{
+    size_t i = 0;
+    while (c->dir && i < n && pages[i] < c->dir_entries)
+        i++;
+    return c->dir ? i : n;
+}
+
 kv_err_t kvc_alloc_send(kvc_t *c, kv_fmt_t f, uint32_t n, uint64_t *id)
 {
     KVC_REQ(ALLOC, alloc, Kvd__AllocReq, KVD__ALLOC_REQ__INIT);
@@ -849,11 +903,16 @@ kv_err_t kvc_alloc_recv(kvc_t *c, uint64_t id, uint32_t n, uint32_t *pages)
     Kvd__Reply *rep;
     kv_err_t e = kvc_recv(c, id, &rep);
     if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_ALLOC)) == KV_ERR_OK) {
-        if (rep->alloc->n_pages != n)
-            e = kvc_fail(c, KV_ERR_MALFORMED, "alloc of %u returned %zu pages", n,
-                         rep->alloc->n_pages);
-        else
+        const size_t k = rep->alloc->n_pages, bad = kvc_bad_page(c, rep->alloc->pages, k);
+        if (k != n)
+            e = kvc_fail(c, KV_ERR_MALFORMED, "alloc of %u returned %zu pages", n, k);
+        else if (bad < k)
+            e = kvc_fail(c, KV_ERR_MALFORMED, "alloc returned page %u, past the %u-entry directory",
+                         rep->alloc->pages[bad], c->dir_entries);
+        else if (n)
             memcpy(pages, rep->alloc->pages, n * sizeof *pages);
+        if (e != KV_ERR_OK) /* each page came with a reference the caller never sees */
+            kvc_give_back(c, rep->alloc->pages, k);
     }
     kvc_reply_free(&rep);
     return e;
@@ -881,9 +940,13 @@ kv_err_t kvc_seal(kvc_t *c, uint32_t page, uint32_t prev, const uint32_t *tokens
     body.extra.len = extra ? extra_len : 0;
     Kvd__Reply *rep;
     kv_err_t e = kvc_call(c, &req, &rep);
-    if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_SEAL)) == KV_ERR_OK &&
-        out_page)
-        *out_page = rep->seal->page;
+    if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_SEAL)) == KV_ERR_OK) {
+        if (kvc_bad_page(c, &rep->seal->page, 1) == 0)
+            e = kvc_fail(c, KV_ERR_MALFORMED, "seal returned page %u, past the %u-entry directory",
+                         rep->seal->page, c->dir_entries);
+        else if (out_page)
+            *out_page = rep->seal->page;
+    }
     kvc_reply_free(&rep);
     return e;
 }
@@ -913,6 +976,25 @@ kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extr
     if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_LOOKUP)) == KV_ERR_OK) {
         size_t k = rep->lookup->n_pages;
         uint64_t matched = rep->lookup->tokens_matched;
+        const uint32_t pt = c->geom.page_tokens;
+        const size_t bad = kvc_bad_page(c, rep->lookup->pages, k);
+        /* a match is whole pages of the tokens sent: more pages than that, or more tokens
+         * than the pages hold, would make a caller skip prefill it has no KV for */
+        if (bad < k || (pt && (k > n / pt || matched > (uint64_t)k * pt))) {
+            if (!peek)
+                kvc_give_back(c, rep->lookup->pages, k);
+            if (bad < k)
+                e = kvc_fail(c, KV_ERR_MALFORMED,
+                             "lookup returned page %u, past the %u-entry directory",
+                             rep->lookup->pages[bad], c->dir_entries);
+            else
+                e = kvc_fail(c, KV_ERR_MALFORMED,
+                             "lookup of %zu tokens returned %zu pages of %u tokens and %llu "
+                             "tokens matched",
+                             n, k, pt, (unsigned long long)matched);
+            kvc_reply_free(&rep);
+            return e;
+        }
         if (k > cap) {
             /* keep the reference accounting honest: hand back what we cannot return; the
              * tokens matched are then those of the pages returned, never more (a caller that
@@ -1015,7 +1097,10 @@ kv_err_t kvc_heartbeat(kvc_t *c, uint64_t completed_epoch)
     body.completed_epoch = completed_epoch;
     Kvd__Reply *rep;
     kv_err_t e = kvc_call(c, &req, &rep);
-    if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_HEARTBEAT)) == KV_ERR_OK)
+    /* the epoch never goes back (kvc_reply_status): a lower one would make the next call
+     * report a decreasing safe epoch, which the daemon refuses */
+    if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_HEARTBEAT)) == KV_ERR_OK &&
+        rep->heartbeat->epoch > c->epoch)
         c->epoch = rep->heartbeat->epoch;
     kvc_reply_free(&rep);
     return e;

@@ -22,7 +22,7 @@
  *
  * Memory: after kvc_hello() the pools are mapped READ-WRITE (the engine writes pages in place)
  * and the page directory READ-ONLY (only the daemon writes it). Mappings live until
- * kvc_close(). Closing the connection does NOT free the session's pages: the daemon reclaims
+ * kvc_close() or the next kvc_hello / kvc_rehello. Closing the connection does NOT free the session's pages: the daemon reclaims
  * them when this process exits (DESIGN.md, "Ownership").
  *
  * Daemon restarts: the connection survives a restart of the daemon on the same endpoint
@@ -46,7 +46,8 @@
 typedef struct kvc_s kvc_t;
 
 /* Create the DEALER socket and connect (asynchronous in ZeroMQ: errors surface on the first
- * call). timeout_ms bounds every later call (≤ 0: 5000). */
+ * call). timeout_ms bounds every wait of a later call (≤ 0: 5000): a reply, and in kvc_hello
+ * also the fd socket's connect and its message, so a hello may take up to three of them. */
 kv_err_t kvc_connect(kvc_t **out, const char *endpoint, int timeout_ms);
 /* Close the socket, unmap, free; *c = NULL. NULL-safe. */
 void kvc_close(kvc_t **c);
@@ -56,8 +57,10 @@ const char *kvc_errmsg(const kvc_t *c);
 /* Hello: open a session, receive the fds over the side socket and map them. namespace_ NULL:
  * the daemon's namespace. map = 0 skips the fd handover (kvctl never maps). A second hello on
  * the same kvc_t first drops everything the previous one gave (as kvc_rehello does). The
- * reply's geometry and pool descriptors are checked (MALFORMED when a page or the directory
- * would lie outside its mapping). On failure the kvc_t holds no session
+ * reply is checked: MALFORMED for session id 0, an invalid geometry, a page or the directory
+ * that would lie outside its mapping, no directory or no FP8 pool (map = 1), or an fd handover
+ * that is not "KVDFDS01" + a session id; PERMISSION_DENIED when the fd socket closes with
+ * nothing sent (our pid owns no session there). On failure the kvc_t holds no session
  * (kvc_session_id() == 0) and may hello again; a session the daemon opened for this
  * connection stays until the process exits, and that next hello gets it back. */
 kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, int map);
@@ -107,7 +110,9 @@ uint8_t *kvc_page_ptr(const kvc_t *c, uint32_t page);
 void kvc_set_safe_epoch(kvc_t *c, uint64_t safe_epoch);
 
 /* ---- pipelining -------------------------------------------------------------------------- */
-/* Fill version and a fresh id, pack and send. req stays owned by the caller. */
+/* Fill version and a fresh id into req, pack and send. req stays owned by the caller and may
+ * be sent again: completed_epoch, when 0, is filled in the packed bytes only (the safe epoch
+ * of each send). */
 kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id);
 /* Wait for the reply to id. On KV_ERR_OK or on a daemon error status, *rep is the reply (free
  * with kvc_reply_free) and the return value is its status; on a local failure (TIMEOUT,
@@ -118,19 +123,26 @@ kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id);
 kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep);
 /* Send raw bytes as one request (tests of malformed input). */
 kv_err_t kvc_send_raw(kvc_t *c, const void *buf, size_t len);
-/* Wait for the next reply whatever its id. */
+/* Wait for the next reply whatever its id (replies to requests sent before the last hello are
+ * dropped, as kvc_recv drops them). */
 kv_err_t kvc_recv_any(kvc_t *c, Kvd__Reply **rep);
 kv_err_t kvc_call(kvc_t *c, Kvd__Request *req, Kvd__Reply **rep);
 void kvc_reply_free(Kvd__Reply **rep);
 
 /* ---- typed calls (synchronous) ----------------------------------------------------------- */
-/* pages[n] receives logical ids, each with one reference held by this session. */
+/* pages[n] receives logical ids, each with one reference held by this session. MALFORMED when
+ * the reply holds another count or an id past the directory: the pages it named are released
+ * (kvc_alloc_recv the same). */
 kv_err_t kvc_alloc(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t *pages);
 /* prev = KVP_NO_PAGE for the first page. tokens[n] with n == page_tokens. *out_page is the page
- * that holds the content now (the request's page, or a cached duplicate; see SealRep). */
+ * that holds the content now (the request's page, or a cached duplicate; see SealRep);
+ * MALFORMED when the reply names one past the directory. */
 kv_err_t kvc_seal(kvc_t *c, uint32_t page, uint32_t prev, const uint32_t *tokens, size_t n,
                   const void *extra, size_t extra_len, uint32_t *out_page);
-/* pages[cap] receives the matched pages (referenced unless peek); *npages their count. */
+/* pages[cap] receives the matched pages (referenced unless peek); *npages their count;
+ * *tokens_matched never exceeds the tokens of the pages returned. MALFORMED (the reply's pages
+ * released unless peek, *npages 0) when the reply names more pages than n tokens fill, more
+ * tokens than its pages hold, or an id past the directory. */
 kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extra,
                     size_t extra_len, int peek, uint32_t *pages, size_t cap, size_t *npages,
                     uint32_t *tokens_matched);

@@ -12,8 +12,32 @@
  *   bad geom   head_dim 96: MALFORMED;
  *   silent     the fd socket accepts and sends nothing: TIMEOUT after the client's timeout;
  *   too many   nine fds for a client that takes eight: MALFORMED (MSG_CTRUNC).
- * Each failed hello leaves kvc_session_id() at 0.
+ * The libkvc review (round 1) added, each failing before its fix in client/kvc.c:
+ *   bad magic  fds under a header that is not "KVDFDS01": MALFORMED naming the header (it was
+ *              PERMISSION_DENIED, "peer pid not matched", which sends one to admit_uids);
+ *   no dir     a hello with an FP8 pool and no directory: MALFORMED (it "succeeded" with
+ *              kvc_page_ptr NULL for every page); no fp8 likewise;
+ *   session 0  a hello reply naming session 0: MALFORMED (kvc_session_id() 0 is "none");
+ *   stale cmsg the fd socket times out (silent) while the control buffer holds stale bytes
+ *              that look like an SCM_RIGHTS fd: that fd stays open (kvc_recv_fds read the
+ *              uninitialised buffer after a failed recvmsg and closed what it found there);
+ * and, after a good hello (test_reply_lies):
+ *   alloc      2 pages for an alloc of 1: MALFORMED, and both are released (they leaked);
+ *   alloc id   a page id past the directory: MALFORMED, released;
+ *   lookup     1 page and 32 tokens matched (16-token pages): MALFORMED, released (it was OK,
+ *              inviting the caller to skip prefill for a page it does not hold);
+ *   seal       the content "moved" to a page past the directory: MALFORMED (it was OK);
+ *   heartbeat  an epoch below the hello's: kvc_epoch() does not go back;
+ *   reuse      one request sent twice, the safe epoch raised in between: the second carries
+ *              the new epoch (kvc_send left the first one in the caller's struct);
+ *   recv_any   the reply to a request sent before a second hello, arriving after the hello's
+ *              reply: dropped (kvc_recv_any returned it).
+ * Each failed hello leaves kvc_session_id() at 0, and no fd of this process is left open.
  */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +47,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -31,7 +56,22 @@
 
 #include "itest.h"
 
-enum { GOOD, PAGE_BYTES, SHORT_FD, TWO_DIRS, BAD_GEOM, SILENT, TOO_MANY };
+enum {
+    GOOD,
+    PAGE_BYTES,
+    SHORT_FD,
+    TWO_DIRS,
+    BAD_GEOM,
+    SILENT,
+    TOO_MANY,
+    BAD_MAGIC,
+    NO_DIR,
+    NO_FP8,
+    SESSION_0
+};
+
+#define HELLO_EPOCH 10u
+#define MAX_SEEN    16
 
 typedef struct fake_s {
     char dir[64], ep[96], fds_path[96];
@@ -41,9 +81,52 @@ typedef struct fake_s {
     pthread_t zt, ft;
     kv_geom_t g;
     uint32_t pages;
+    volatile int stop;   /* set by the test thread: the router returns */
+    int hold_status;     /* answer the next status request only after the next hello */
+    uint64_t held_id;    /* the status request held back (0: none) */
+    zmq_msg_t held_rid;  /* its routing id */
+    uint32_t alloc_page; /* first page id an alloc returns */
+    /* what the router saw (read after it is joined) */
+    uint32_t released[MAX_SEEN];
+    size_t nreleased;
+    uint64_t status_epoch[MAX_SEEN];
+    size_t nstatus;
 } fake_t;
 
-/* (runs in the fd socket's thread: no cmocka assert there) */
+/* libkvc is linked in statically, so this is the recvmsg its fd handover calls (the kernel's
+ * does the work). Armed, a failed call leaves in the control buffer what a failed recvmsg
+ * leaves there: whatever the stack held before — here an SCM_RIGHTS header naming
+ * g_stale_fd, as stale bytes may look by chance. libkvc must read no fds from it. */
+static int g_stale_fd = -1;
+ssize_t recvmsg(int fd, struct msghdr *mh, int flags)
+{
+    ssize_t n = syscall(SYS_recvmsg, fd, mh, flags);
+    if (n < 0 && g_stale_fd >= 0 && mh->msg_control &&
+        mh->msg_controllen >= CMSG_SPACE(sizeof(int))) {
+        const int en = errno;
+        struct cmsghdr *cm = (struct cmsghdr *)mh->msg_control;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        memcpy(CMSG_DATA(cm), &g_stale_fd, sizeof(int));
+        errno = en;
+    }
+    return n;
+}
+
+/* Open fds of this process (a leak check around each client). */
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* (runs in the fake's threads: no cmocka assert there) */
 static int memfd_of(const char *name, size_t bytes)
 {
     int fd = memfd_create(name, MFD_CLOEXEC);
@@ -52,17 +135,28 @@ static int memfd_of(const char *name, size_t bytes)
     return fd;
 }
 
-/* The ROUTER: answer one hello with the mode's HelloRep. */
-static void *fake_router(void *arg)
+static void send_reply(fake_t *f, zmq_msg_t *rid, Kvd__Reply *rep)
 {
-    fake_t *f = arg;
-    zmq_msg_t rid, pl;
-    zmq_msg_init(&rid);
-    zmq_msg_init(&pl);
-    if (zmq_msg_recv(&rid, f->router, 0) < 0 || zmq_msg_recv(&pl, f->router, 0) < 0)
-        return NULL;
-    Kvd__Request *req = kvd__request__unpack(NULL, zmq_msg_size(&pl), zmq_msg_data(&pl));
-    assert_non_null(req);
+    rep->version = KVP_VERSION;
+    rep->instance = 0x1234;
+    if (!rep->epoch)
+        rep->epoch = HELLO_EPOCH;
+    size_t n = kvd__reply__get_packed_size(rep);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf)
+        abort();
+    kvd__reply__pack(rep, buf);
+    zmq_msg_t r;
+    zmq_msg_init(&r);
+    zmq_msg_copy(&r, rid);
+    zmq_msg_send(&r, f->router, ZMQ_SNDMORE);
+    zmq_send(f->router, buf, n, 0);
+    free(buf);
+}
+
+/* The mode's HelloRep. */
+static void send_hello(fake_t *f, zmq_msg_t *rid, uint64_t id)
+{
     Kvd__Geometry geo = KVD__GEOMETRY__INIT;
     geo.layers = f->g.layers;
     geo.kv_heads = f->g.kv_heads;
@@ -73,9 +167,9 @@ static void *fake_router(void *arg)
     Kvd__PoolDesc pool = KVD__POOL_DESC__INIT, dir = KVD__POOL_DESC__INIT,
                   dir2 = KVD__POOL_DESC__INIT;
     pool.kind = KVD__POOL_DESC__KIND__KIND_POOL;
-    pool.format = KVD__FORMAT__FORMAT_FP8;
+    pool.format = f->mode == NO_FP8 ? KVD__FORMAT__FORMAT_TQ3 : KVD__FORMAT__FORMAT_FP8;
     pool.pages = f->pages;
-    pool.page_bytes = f->mode == PAGE_BYTES ? pb / 2 : pb;
+    pool.page_bytes = f->mode == PAGE_BYTES ? pb / 2 : kv_page_bytes(&f->g, (kv_fmt_t)pool.format);
     pool.bytes = (uint64_t)f->pages * pb * (f->mode == SHORT_FD ? 2 : 1);
     pool.fd_index = 1;
     dir.kind = dir2.kind = KVD__POOL_DESC__KIND__KIND_DIRECTORY;
@@ -84,45 +178,146 @@ static void *fake_router(void *arg)
     dir.fd_index = dir2.fd_index = 0;
     Kvd__PoolDesc *pools[3] = {&dir, &pool, &dir2};
     Kvd__HelloRep h = KVD__HELLO_REP__INIT;
-    h.session_id = 7;
+    h.session_id = f->mode == SESSION_0 ? 0 : 7;
     h.geometry = &geo;
-    h.pools = pools;
-    h.n_pools = f->mode == TWO_DIRS ? 3 : 2;
-    h.epoch = 1;
+    h.pools = f->mode == NO_DIR ? pools + 1 : pools;
+    h.n_pools = f->mode == TWO_DIRS ? 3 : f->mode == NO_DIR ? 1 : 2;
+    h.epoch = HELLO_EPOCH;
     h.fd_socket = f->fds_path;
     h.lease_ms = 10000;
     h.instance = 0x1234;
     h.pid = (uint32_t)getpid();
     h.backend = "host";
     Kvd__Reply rep = KVD__REPLY__INIT;
-    rep.version = KVP_VERSION;
-    rep.id = req->id;
+    rep.id = id;
     rep.status = KVD__STATUS__OK;
-    rep.epoch = 1;
-    rep.instance = 0x1234;
     rep.body_case = KVD__REPLY__BODY_HELLO;
     rep.hello = &h;
-    uint8_t buf[1024];
-    size_t n = kvd__reply__pack(&rep, buf);
-    kvd__request__free_unpacked(req, NULL);
-    zmq_msg_send(&rid, f->router, ZMQ_SNDMORE);
-    zmq_send(f->router, buf, n, 0);
-    zmq_msg_close(&pl);
+    send_reply(f, rid, &rep);
+}
+
+static void send_status(fake_t *f, zmq_msg_t *rid, uint64_t id)
+{
+    Kvd__StatusRep st = KVD__STATUS_REP__INIT;
+    Kvd__Reply rep = KVD__REPLY__INIT;
+    rep.id = id;
+    rep.status = KVD__STATUS__OK;
+    rep.body_case = KVD__REPLY__BODY_STATUS_REP;
+    rep.status_rep = &st;
+    send_reply(f, rid, &rep);
+}
+
+/* One request: hello as the mode says; the session calls with the lies test_reply_lies
+ * expects. Records releases and the epochs of status requests. */
+static void fake_answer(fake_t *f, zmq_msg_t *rid, const Kvd__Request *req)
+{
+    Kvd__Reply rep = KVD__REPLY__INIT;
+    rep.id = req->id;
+    rep.status = KVD__STATUS__OK;
+    uint32_t pages[4];
+    Kvd__AllocRep a = KVD__ALLOC_REP__INIT;
+    Kvd__LookupRep l = KVD__LOOKUP_REP__INIT;
+    Kvd__HeartbeatRep hb = KVD__HEARTBEAT_REP__INIT;
+    Kvd__ReleaseRep rl = KVD__RELEASE_REP__INIT;
+    Kvd__SealRep sl = KVD__SEAL_REP__INIT;
+    switch (req->body_case) {
+    case KVD__REQUEST__BODY_HELLO:
+        send_hello(f, rid, req->id);
+        if (f->held_id) { /* the earlier request's reply comes after the hello's */
+            send_status(f, &f->held_rid, f->held_id);
+            zmq_msg_close(&f->held_rid);
+            f->held_id = 0;
+        }
+        return;
+    case KVD__REQUEST__BODY_STATUS:
+        if (f->nstatus < MAX_SEEN)
+            f->status_epoch[f->nstatus++] = req->completed_epoch;
+        if (f->hold_status && !f->held_id) {
+            f->hold_status = 0;
+            f->held_id = req->id;
+            zmq_msg_init(&f->held_rid);
+            zmq_msg_copy(&f->held_rid, rid);
+            return;
+        }
+        send_status(f, rid, req->id);
+        return;
+    case KVD__REQUEST__BODY_ALLOC: /* one page more than asked, or ids past the directory */
+        a.n_pages = req->alloc->count + 1 <= 4 ? req->alloc->count + 1 : 4;
+        if (f->alloc_page >= f->pages)
+            a.n_pages = req->alloc->count <= 4 ? req->alloc->count : 4;
+        for (size_t i = 0; i < a.n_pages; i++)
+            pages[i] = f->alloc_page + (uint32_t)i;
+        a.pages = pages;
+        rep.body_case = KVD__REPLY__BODY_ALLOC;
+        rep.alloc = &a;
+        break;
+    case KVD__REQUEST__BODY_LOOKUP: /* one page, but two pages' worth of tokens matched */
+        pages[0] = 5;
+        l.pages = pages;
+        l.n_pages = 1;
+        l.tokens_matched = 2 * f->g.page_tokens;
+        rep.body_case = KVD__REPLY__BODY_LOOKUP;
+        rep.lookup = &l;
+        break;
+    case KVD__REQUEST__BODY_SEAL: /* the content "moved" to a page past the directory */
+        sl.page = f->pages;
+        rep.body_case = KVD__REPLY__BODY_SEAL;
+        rep.seal = &sl;
+        break;
+    case KVD__REQUEST__BODY_HEARTBEAT: /* an epoch below the hello's */
+        hb.epoch = HELLO_EPOCH - 7;
+        rep.epoch = HELLO_EPOCH - 7;
+        rep.body_case = KVD__REPLY__BODY_HEARTBEAT;
+        rep.heartbeat = &hb;
+        break;
+    case KVD__REQUEST__BODY_RELEASE:
+        for (size_t i = 0; i < req->release->n_pages && f->nreleased < MAX_SEEN; i++)
+            f->released[f->nreleased++] = req->release->pages[i];
+        rl.released = (uint32_t)req->release->n_pages;
+        rep.body_case = KVD__REPLY__BODY_RELEASE;
+        rep.release = &rl;
+        break;
+    default:
+        rep.status = KVD__STATUS__INVALID_ARGUMENT;
+        rep.message = "the fake answers hello, status, alloc, lookup, seal, heartbeat, release";
+        break;
+    }
+    send_reply(f, rid, &rep);
+}
+
+/* The ROUTER: answer requests until the test sets stop. */
+static void *fake_router(void *arg)
+{
+    fake_t *f = arg;
+    while (!f->stop) {
+        zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 20) <= 0)
+            continue;
+        zmq_msg_t rid, pl;
+        zmq_msg_init(&rid);
+        zmq_msg_init(&pl);
+        if (zmq_msg_recv(&rid, f->router, 0) < 0 || zmq_msg_recv(&pl, f->router, 0) < 0)
+            abort();
+        Kvd__Request *req = kvd__request__unpack(NULL, zmq_msg_size(&pl), zmq_msg_data(&pl));
+        if (!req)
+            abort();
+        fake_answer(f, &rid, req);
+        kvd__request__free_unpacked(req, NULL);
+        zmq_msg_close(&rid);
+        zmq_msg_close(&pl);
+    }
+    if (f->held_id)
+        zmq_msg_close(&f->held_rid);
     return NULL;
 }
 
-/* The fd socket: one peer, the mode's answer. Its own sendmsg rather than kvd/fdpass.c's
- * kvd_fdpass_send, which refuses more than 8 fds: the lie this test needs to tell. */
-static void *fake_fds(void *arg)
+/* The fd socket: the mode's answer to each peer, until stop. Its own sendmsg rather than
+ * kvd/fdpass.c's kvd_fdpass_send, which refuses more than 8 fds: the lie this test needs. */
+static void fake_fds_one(fake_t *f, int s)
 {
-    fake_t *f = arg;
-    int s = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (s < 0)
-        return NULL;
     if (f->mode == SILENT) { /* hold the connection past the client's timeout */
         usleep(1500 * 1000);
-        close(s);
-        return NULL;
+        return;
     }
     const uint64_t pb = kv_page_bytes(&f->g, KV_FMT_FP8);
     int fds[9], n = f->mode == TOO_MANY ? 9 : 2;
@@ -130,7 +325,7 @@ static void *fake_fds(void *arg)
     for (int i = 1; i < n; i++)
         fds[i] = memfd_of("fake-pool", (size_t)f->pages * pb);
     uint8_t hdr[16];
-    memcpy(hdr, "KVDFDS01", 8);
+    memcpy(hdr, f->mode == BAD_MAGIC ? "KVDFDS02" : "KVDFDS01", 8);
     for (int i = 0; i < 8; i++)
         hdr[8 + i] = (uint8_t)((uint64_t)7 >> (8 * i)); /* session 7, little endian */
     union {
@@ -149,56 +344,87 @@ static void *fake_fds(void *arg)
     sendmsg(s, &mh, MSG_NOSIGNAL); /* a peer that left must not raise SIGPIPE */
     for (int i = 0; i < n; i++)
         close(fds[i]);
-    close(s);
+}
+
+static void *fake_fds(void *arg)
+{
+    fake_t *f = arg;
+    while (!f->stop) {
+        struct pollfd p = {.fd = f->listen_fd, .events = POLLIN};
+        if (poll(&p, 1, 20) <= 0)
+            continue;
+        int s = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (s < 0)
+            continue;
+        fake_fds_one(f, s);
+        close(s);
+    }
     return NULL;
 }
 
-/* One hello of a fresh client against a fresh fake in `mode`; returns its status. */
+static void fake_start(fake_t *f, int mode)
+{
+    memset(f, 0, sizeof *f);
+    f->mode = mode;
+    f->g = (kv_geom_t){1, 1, 64, 16, 1};
+    f->pages = 8;
+    itest_tmpdir(f->dir, sizeof f->dir, "kvd-it-fake");
+    snprintf(f->ep, sizeof f->ep, "ipc://%s/kvd.sock", f->dir);
+    snprintf(f->fds_path, sizeof f->fds_path, "%s/kvd.sock.fds", f->dir);
+    f->ctx = zmq_ctx_new();
+    f->router = zmq_socket(f->ctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(f->router, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_bind(f->router, f->ep), 0);
+    f->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", f->fds_path);
+    assert_int_equal(bind(f->listen_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(f->listen_fd, 4), 0);
+}
+
+static void fake_run(fake_t *f)
+{
+    assert_int_equal(pthread_create(&f->zt, NULL, fake_router, f), 0);
+    assert_int_equal(pthread_create(&f->ft, NULL, fake_fds, f), 0);
+}
+
+static void fake_stop(fake_t *f)
+{
+    f->stop = 1;
+    pthread_join(f->zt, NULL);
+    pthread_join(f->ft, NULL);
+    close(f->listen_fd);
+    zmq_close(f->router);
+    zmq_ctx_term(f->ctx);
+    itest_rmtree(f->dir);
+}
+
+/* One hello of a fresh client against a fresh fake in `mode`; returns its status. No fd of
+ * this process outlives the client and the fake (SCM_RIGHTS fds on every error path). */
 static kv_err_t hello_against(int mode, char *msg, size_t cap)
 {
+    const int fds0 = open_fds();
     fake_t f;
-    memset(&f, 0, sizeof f);
-    f.mode = mode;
-    f.g = (kv_geom_t){1, 1, 64, 16, 1};
-    f.pages = 8;
-    itest_tmpdir(f.dir, sizeof f.dir, "kvd-it-fake");
-    snprintf(f.ep, sizeof f.ep, "ipc://%s/kvd.sock", f.dir);
-    snprintf(f.fds_path, sizeof f.fds_path, "%s/kvd.sock.fds", f.dir);
-    f.ctx = zmq_ctx_new();
-    f.router = zmq_socket(f.ctx, ZMQ_ROUTER);
-    int linger = 0;
-    zmq_setsockopt(f.router, ZMQ_LINGER, &linger, sizeof linger);
-    assert_int_equal(zmq_bind(f.router, f.ep), 0);
-    f.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", f.fds_path);
-    assert_int_equal(bind(f.listen_fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    assert_int_equal(listen(f.listen_fd, 4), 0);
-    assert_int_equal(pthread_create(&f.zt, NULL, fake_router, &f), 0);
-    assert_int_equal(pthread_create(&f.ft, NULL, fake_fds, &f), 0);
-
+    fake_start(&f, mode);
+    fake_run(&f);
     kvc_t *c = NULL;
     assert_int_equal(kvc_connect(&c, f.ep, 1000), KV_ERR_OK);
     kv_err_t e = kvc_hello(c, NULL, "fault", 1);
     snprintf(msg, cap, "%s", kvc_errmsg(c));
-    if (e != KV_ERR_OK)
+    if (e != KV_ERR_OK) {
         assert_int_equal(kvc_session_id(c), 0);
-    else
+        assert_null(kvc_directory(c));
+        assert_int_equal(kvc_dir_entries(c), 0);
+        assert_int_equal(kvc_pool_pages(c, KV_FMT_FP8), 0);
+    } else {
         assert_non_null(kvc_pool_base(c, KV_FMT_FP8));
-    kvc_close(&c);
-    pthread_join(f.zt, NULL);
-    int wake = -1;
-    if (mode == BAD_GEOM) { /* refused before the fd socket: wake the acceptor */
-        wake = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        assert_int_equal(connect(wake, (struct sockaddr *)&sa, sizeof sa), 0);
     }
-    pthread_join(f.ft, NULL);
-    if (wake >= 0)
-        close(wake);
-    close(f.listen_fd);
-    zmq_close(f.router);
-    zmq_ctx_term(f.ctx);
-    itest_rmtree(f.dir);
+    kvc_close(&c);
+    fake_stop(&f);
+    if (open_fds() != fds0)
+        fail_msg("mode %d: %d fds open after the client and the fake closed, %d before", mode,
+                 open_fds(), fds0);
     return e;
 }
 
@@ -221,12 +447,124 @@ static void test_kvc_faults(void **state)
     expect(BAD_GEOM, KV_ERR_MALFORMED, "invalid geometry");
     expect(SILENT, KV_ERR_TIMEOUT, "no fds from");
     expect(TOO_MANY, KV_ERR_MALFORMED, "more fds than");
+    expect(BAD_MAGIC, KV_ERR_MALFORMED, "not a KVDFDS01 header");
+    expect(NO_DIR, KV_ERR_MALFORMED, "no directory");
+    expect(NO_FP8, KV_ERR_MALFORMED, "no FP8 pool");
+    expect(SESSION_0, KV_ERR_MALFORMED, "session 0");
+}
+
+/* A timed-out fd handover with stale SCM_RIGHTS-looking bytes in the control buffer: the fd
+ * they name is not ours to close. */
+static void test_stale_cmsg_after_timeout(void **state)
+{
+    (void)state;
+    g_stale_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    assert_true(g_stale_fd >= 0);
+    char msg[512];
+    const kv_err_t e = hello_against(SILENT, msg, sizeof msg);
+    const int fd = g_stale_fd, still_open = fcntl(fd, F_GETFD) != -1;
+    g_stale_fd = -1;
+    if (!still_open)
+        fail_msg("fd %d, named only by stale bytes of a failed recvmsg, was closed", fd);
+    close(fd);
+    assert_int_equal(e, KV_ERR_TIMEOUT);
+}
+
+/* The released pages the fake recorded, as "a,b,c". */
+static void released_str(const fake_t *f, char *out, size_t cap)
+{
+    size_t o = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < f->nreleased && o < cap; i++)
+        o += (size_t)snprintf(out + o, cap - o, "%s%u", i ? "," : "", f->released[i]);
+}
+
+/* After a good hello, replies that lie about pages, tokens and epochs. */
+static void test_reply_lies(void **state)
+{
+    (void)state;
+    const int fds0 = open_fds();
+    fake_t f;
+    fake_start(&f, GOOD);
+    f.alloc_page = 3;
+    fake_run(&f);
+    kvc_t *c = NULL;
+    assert_int_equal(kvc_connect(&c, f.ep, 1000), KV_ERR_OK);
+    assert_int_equal(kvc_hello(c, NULL, "liar", 1), KV_ERR_OK);
+    assert_int_equal(kvc_epoch(c), HELLO_EPOCH);
+
+    /* alloc of 1 answered with pages 3 and 4: refused, and both references given back */
+    uint32_t pg[4] = {0};
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, pg), KV_ERR_MALFORMED);
+    print_message("alloc: %s\n", kvc_errmsg(c));
+    assert_non_null(strstr(kvc_errmsg(c), "alloc of 1 returned 2 pages"));
+    /* lookup of 2 pages' tokens answered with page 5 and 32 tokens matched */
+    uint32_t tok[32] = {0}, matched = 99;
+    size_t np = 99;
+    const kv_err_t le = kvc_lookup(c, tok, 32, NULL, 0, 0, pg, 4, &np, &matched);
+    print_message("lookup: %d, %zu pages, %u tokens matched: %s\n", (int)le, np, matched,
+                  kvc_errmsg(c));
+    assert_int_equal(le, KV_ERR_MALFORMED);
+    assert_int_equal(np, 0);
+    /* an alloc whose page lies past the 8-entry directory */
+    f.alloc_page = 8;
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, pg), KV_ERR_MALFORMED);
+    print_message("alloc: %s\n", kvc_errmsg(c));
+    assert_non_null(strstr(kvc_errmsg(c), "past the 8-entry directory"));
+
+    /* a seal whose content "moved" to a page past the directory */
+    uint32_t out = 99;
+    assert_int_equal(kvc_seal(c, 1, KVP_NO_PAGE, tok, 16, NULL, 0, &out), KV_ERR_MALFORMED);
+    assert_int_equal(out, 99);
+
+    /* an epoch that goes back */
+    assert_int_equal(kvc_heartbeat(c, 0), KV_ERR_OK);
+    assert_int_equal(kvc_epoch(c), HELLO_EPOCH);
+
+    /* one request sent twice, the declared safe epoch raised in between; the fake holds the
+     * first one's reply back until the next hello (below) */
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
+    req.body_case = KVD__REQUEST__BODY_STATUS;
+    req.status = &st;
+    f.hold_status = 1; /* the router reads it only for a request sent after this line */
+    kvc_set_safe_epoch(c, 4);
+    uint64_t held = 0;
+    assert_int_equal(kvc_send(c, &req, &held), KV_ERR_OK);
+    kvc_set_safe_epoch(c, 6);
+    Kvd__Reply *rep = NULL;
+    assert_int_equal(kvc_call(c, &req, &rep), KV_ERR_OK);
+    kvc_reply_free(&rep);
+
+    /* the held reply comes after the second hello's: it is from before, dropped */
+    assert_int_equal(kvc_hello(c, NULL, "liar", 1), KV_ERR_OK);
+    const kv_err_t e = kvc_recv_any(c, &rep);
+    if (e != KV_ERR_TIMEOUT)
+        fail_msg("kvc_recv_any after the second hello: %d (reply id %llu; %llu was sent "
+                 "before it)",
+                 (int)e, rep ? (unsigned long long)rep->id : 0ull, (unsigned long long)held);
+    assert_int_equal(kvc_daemon_restarted(c), 0);
+    kvc_close(&c);
+    fake_stop(&f);
+
+    char rel[128];
+    released_str(&f, rel, sizeof rel);
+    print_message("released: %s\n", rel);
+    assert_string_equal(rel, "3,4,5,8");
+    assert_int_equal(f.nstatus, 2);
+    assert_int_equal(f.status_epoch[0], 4);
+    assert_int_equal(f.status_epoch[1], 6);
+    if (open_fds() != fds0)
+        fail_msg("%d fds open after the client and the fake closed, %d before", open_fds(),
+                 fds0);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kvc_faults),
+        cmocka_unit_test(test_stale_cmsg_after_timeout),
+        cmocka_unit_test(test_reply_lies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
