@@ -20,9 +20,9 @@
  * Pressure: avail = FP8 free + evictable (cache-only) + retiring pages. avail < low
  * (fp8_low_pct of the pool) halves the Recent window, so more pages go Stale: at most once per
  * tick, never below 1, and only when the current window has no Stale work left and the halved
- * one has some (otherwise shrinking frees nothing sooner). avail ≥ 2·low doubles it back up to
- * recent_pages. Promotions need an FP8 page each, so they are planned
- * only out of the headroom above 2·low (none under pressure): a grown window cannot promote
+ * one has some (otherwise shrinking frees nothing sooner). avail ≥ high = min(2·low, pool)
+ * doubles it back up to recent_pages. Promotions need an FP8 page each, so they are planned
+ * only out of the headroom above high (none under pressure): a grown window cannot promote
  * the pool straight back into pressure, which is what would make the two thrash. A retier
  * whose TQ3 pool is full makes the core evict unreferenced TQ3 cache entries first
  * (kvd_core_convert → eviction); when nothing can go, the page stays FP8, the tick stops
@@ -84,7 +84,7 @@ typedef struct kvd_lc_plan_s {
     uint32_t window;            /* Recent window this plan used */
     uint32_t window_before;     /* the controller's window when planning started */
     int pressure;               /* FP8 free + evictable < low watermark */
-    uint64_t fp8_avail;         /* FP8 free + evictable pages */
+    uint64_t fp8_avail;         /* FP8 free + evictable + retiring pages */
     uint64_t fp8_low;           /* low watermark in pages */
 } kvd_lc_plan_t;
 
