@@ -104,11 +104,22 @@ static kv_err_t kvc_fail(kvc_t *c, kv_err_t e, const char *fmt, ...)
 
 const char *kvc_errmsg(const kvc_t *c)
 {
-    return c ? c->err : "no client";
+    return c ? c->err : "no client (NULL kvc_t: never connected, or closed by kvc_close)";
 }
+
+/* kvc_close sets the caller's pointer to NULL: a call through it afterwards (or one after a
+ * failed kvc_connect) is the caller's mistake, answered with an error rather than a crash.
+ * Every call that talks to the daemon passes through one of the functions that check. */
+#define KVC_NULL_CHECK(c)                                                                          \
+    do {                                                                                           \
+        if (!(c))                                                                                  \
+            return KV_ERR_INVALID_ARGUMENT;                                                        \
+    } while (0)
 
 kv_err_t kvc_connect(kvc_t **out, const char *endpoint, int timeout_ms)
 {
+    if (!out || !endpoint)
+        return KV_ERR_INVALID_ARGUMENT;
     *out = NULL;
     kvc_t *c = calloc(1, sizeof *c);
     if (!c)
@@ -207,6 +218,7 @@ void kvc_close(kvc_t **pc)
 /* ---- send / receive ---------------------------------------------------------------------- */
 kv_err_t kvc_send_raw(kvc_t *c, const void *buf, size_t len)
 {
+    KVC_NULL_CHECK(c);
     if (zmq_send(c->sock, buf, len, 0) < 0)
         return kvc_fail(c, KV_ERR_UNAVAILABLE, "zmq_send failed: %s", zmq_strerror(errno));
     return KV_ERR_OK;
@@ -214,6 +226,8 @@ kv_err_t kvc_send_raw(kvc_t *c, const void *buf, size_t len)
 
 void kvc_set_safe_epoch(kvc_t *c, uint64_t safe_epoch)
 {
+    if (!c)
+        return;
     c->manual_epoch = 1;
     if (safe_epoch > c->safe_epoch)
         c->safe_epoch = safe_epoch;
@@ -221,6 +235,7 @@ void kvc_set_safe_epoch(kvc_t *c, uint64_t safe_epoch)
 
 kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id)
 {
+    KVC_NULL_CHECK(c);
     req->version = KVP_VERSION;
     req->id = c->next_id++;
     /* every call carries the safe epoch once a session exists (0 = not reported); only in the
@@ -411,6 +426,7 @@ static int kvc_late(kvc_t *c, Kvd__Reply *r)
 kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
 {
     *rep = NULL;
+    KVC_NULL_CHECK(c);
     for (kvc_stash_t **pp = &c->stash; *pp; pp = &(*pp)->next) {
         if ((*pp)->rep->id == id) {
             kvc_stash_t *s = *pp;
@@ -450,6 +466,7 @@ kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
 kv_err_t kvc_recv_any(kvc_t *c, Kvd__Reply **rep)
 {
     *rep = NULL;
+    KVC_NULL_CHECK(c);
     if (c->stash) {
         kvc_stash_t *s = c->stash;
         c->stash = s->next;
@@ -709,6 +726,7 @@ static void kvc_session_reset(kvc_t *c)
 
 kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, int map)
 {
+    KVC_NULL_CHECK(c);
     const char *nsv = namespace_ ? namespace_ : "", *namev = client_name ? client_name : "";
     if (strlen(nsv) > KVP_MAX_STRING || strlen(namev) > KVP_MAX_STRING)
         return kvc_fail(c, KV_ERR_INVALID_ARGUMENT,
@@ -774,6 +792,7 @@ kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, in
 
 kv_err_t kvc_rehello(kvc_t *c)
 {
+    KVC_NULL_CHECK(c);
     if (!c->helloed)
         return kvc_fail(c, KV_ERR_FAILED_PRECONDITION, "kvc_rehello before any kvc_hello");
     return kvc_hello(c, c->hello_ns, c->hello_name, c->hello_map);
@@ -781,72 +800,72 @@ kv_err_t kvc_rehello(kvc_t *c)
 
 int kvc_daemon_restarted(const kvc_t *c)
 {
-    return c->restarted;
+    return c ? c->restarted : 0;
 }
 
 uint64_t kvc_session_id(const kvc_t *c)
 {
-    return c->session;
+    return c ? c->session : 0;
 }
 uint32_t kvc_pid_seen(const kvc_t *c)
 {
-    return c->pid_seen;
+    return c ? c->pid_seen : 0;
 }
 uint64_t kvc_epoch(const kvc_t *c)
 {
-    return c->epoch;
+    return c ? c->epoch : 0;
 }
 const kv_geom_t *kvc_geom(const kvc_t *c)
 {
-    return &c->geom;
+    return c ? &c->geom : NULL;
 }
 uint32_t kvc_pool_pages(const kvc_t *c, kv_fmt_t f)
 {
-    return (unsigned)f < KV_FMT_COUNT ? c->pool_pages[f] : 0;
+    return c && (unsigned)f < KV_FMT_COUNT ? c->pool_pages[f] : 0;
 }
 uint64_t kvc_page_bytes(const kvc_t *c, kv_fmt_t f)
 {
-    return (unsigned)f < KV_FMT_COUNT ? c->page_bytes[f] : 0;
+    return c && (unsigned)f < KV_FMT_COUNT ? c->page_bytes[f] : 0;
 }
 uint8_t *kvc_pool_base(const kvc_t *c, kv_fmt_t f)
 {
-    return (unsigned)f < KV_FMT_COUNT ? c->pool[f] : NULL;
+    return c && (unsigned)f < KV_FMT_COUNT ? c->pool[f] : NULL;
 }
 const volatile kv_dir_entry_t *kvc_directory(const kvc_t *c)
 {
-    return c->dir;
+    return c ? c->dir : NULL;
 }
 const char *kvc_events_endpoint(const kvc_t *c)
 {
-    return c->events_endpoint;
+    return c ? c->events_endpoint : "";
 }
 uint64_t kvc_instance(const kvc_t *c)
 {
-    return c->instance;
+    return c ? c->instance : 0;
 }
 const char *kvc_backend(const kvc_t *c)
 {
-    return c->backend[0] ? c->backend : "host";
+    return c && c->backend[0] ? c->backend : "host";
 }
 int kvc_on_device(const kvc_t *c)
 {
-    return c->cuda != NULL;
+    return c && c->cuda != NULL;
 }
 void kvc_pools(const kvc_t *c, kv_pools_t *out)
 {
     for (int f = 0; f < KV_FMT_COUNT; f++) {
-        out->base[f] = c->pool[f];
-        out->pages[f] = c->pool_pages[f];
+        out->base[f] = c ? c->pool[f] : NULL;
+        out->pages[f] = c ? c->pool_pages[f] : 0;
     }
 }
 uint32_t kvc_dir_entries(const kvc_t *c)
 {
-    return c->dir_entries;
+    return c ? c->dir_entries : 0;
 }
 
 uint8_t *kvc_page_ptr(const kvc_t *c, uint32_t page)
 {
-    if (!c->dir || page >= c->dir_entries)
+    if (!c || !c->dir || page >= c->dir_entries)
         return NULL;
     kv_dir_entry_t e;
     if (c->cuda) {

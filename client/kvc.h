@@ -22,8 +22,8 @@
  *
  * Memory: after kvc_hello() the pools are mapped READ-WRITE (the engine writes pages in place)
  * and the page directory READ-ONLY (only the daemon writes it). Mappings live until
- * kvc_close() or the next kvc_hello / kvc_rehello. Closing the connection does NOT free the session's pages: the daemon reclaims
- * them when this process exits (DESIGN.md, "Ownership").
+ * kvc_close() or the next kvc_hello / kvc_rehello. Closing the connection does NOT free the
+ * session's pages: the daemon reclaims them when this process exits (DESIGN.md, "Ownership").
  *
  * Daemon restarts: the connection survives a restart of the daemon on the same endpoint
  * (ZeroMQ reconnects every 100 ms). The first reply from the new daemon instance makes every
@@ -47,9 +47,12 @@ typedef struct kvc_s kvc_t;
 
 /* Create the DEALER socket and connect (asynchronous in ZeroMQ: errors surface on the first
  * call). timeout_ms bounds every wait of a later call (≤ 0: 5000): a reply, and in kvc_hello
- * also the fd socket's connect and its message, so a hello may take up to three of them. */
+ * also the fd socket's connect and its message, so a hello may take up to three of them.
+ * INVALID_ARGUMENT for a NULL out or endpoint. */
 kv_err_t kvc_connect(kvc_t **out, const char *endpoint, int timeout_ms);
-/* Close the socket, unmap, free; *c = NULL. NULL-safe. */
+/* Close the socket, unmap, free; *c = NULL. NULL-safe, so a second close is a no-op. Any other
+ * call on the NULL it leaves (or on a NULL from a failed kvc_connect) returns
+ * KV_ERR_INVALID_ARGUMENT, and the accessors 0 / NULL / "" ("host" for kvc_backend). */
 void kvc_close(kvc_t **c);
 /* The daemon's (or libkvc's) message for the last failed call; "" after success. */
 const char *kvc_errmsg(const kvc_t *c);

@@ -32,6 +32,8 @@
  *              the new epoch (kvc_send left the first one in the caller's struct);
  *   recv_any   the reply to a request sent before a second hello, arriving after the hello's
  *              reply: dropped (kvc_recv_any returned it).
+ * test_calls_after_close: every call on the NULL that kvc_close leaves is INVALID_ARGUMENT
+ * (they dereferenced it), a second close is a no-op.
  * Each failed hello leaves kvc_session_id() at 0, and no fd of this process is left open.
  */
 #include <dirent.h>
@@ -559,12 +561,83 @@ static void test_reply_lies(void **state)
                  fds0);
 }
 
+/* What a caller holds after kvc_close(&c) (or a failed kvc_connect) is NULL: a second close
+ * is a no-op, every call is INVALID_ARGUMENT and every accessor 0 / NULL, not a crash. */
+static void test_calls_after_close(void **state)
+{
+    (void)state;
+    char dir[64], ep[96];
+    itest_tmpdir(dir, sizeof dir, "kvd-it-closed");
+    snprintf(ep, sizeof ep, "ipc://%s/kvd.sock", dir);
+    kvc_t *c = NULL;
+    assert_int_equal(kvc_connect(&c, ep, 200), KV_ERR_OK);
+    kvc_close(&c);
+    assert_null(c);
+    kvc_close(&c);
+    assert_int_equal(kvc_connect(&c, NULL, 200), KV_ERR_INVALID_ARGUMENT);
+    assert_null(c);
+    const kv_err_t bad = KV_ERR_INVALID_ARGUMENT;
+    uint32_t pg[2] = {0}, tok[16] = {0}, matched = 0;
+    uint64_t id = 0, seq = 0;
+    size_t np = 0;
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
+    req.body_case = KVD__REQUEST__BODY_STATUS;
+    req.status = &st;
+    Kvd__Reply *rep = NULL;
+    assert_int_equal(kvc_hello(c, NULL, "closed", 1), bad);
+    assert_int_equal(kvc_rehello(c), bad);
+    assert_int_equal(kvc_send(c, &req, &id), bad);
+    assert_int_equal(kvc_send_raw(c, "x", 1), bad);
+    assert_int_equal(kvc_recv(c, 1, &rep), bad);
+    assert_int_equal(kvc_recv_any(c, &rep), bad);
+    assert_int_equal(kvc_call(c, &req, &rep), bad);
+    assert_null(rep);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, pg), bad);
+    assert_int_equal(kvc_alloc_send(c, KV_FMT_FP8, 1, &id), bad);
+    assert_int_equal(kvc_alloc_recv(c, 1, 1, pg), bad);
+    assert_int_equal(kvc_seal(c, 0, KVP_NO_PAGE, tok, 16, NULL, 0, pg), bad);
+    assert_int_equal(kvc_lookup(c, tok, 16, NULL, 0, 0, pg, 2, &np, &matched), bad);
+    assert_int_equal(kvc_lookup_send(c, tok, 16, 0, &id), bad);
+    assert_int_equal(kvc_release(c, pg, 1), bad);
+    assert_int_equal(kvc_release_send(c, pg, 1, &id), bad);
+    assert_int_equal(kvc_seq_open(c, "t", &seq), bad);
+    assert_int_equal(kvc_seq_append(c, 1, pg, 1), bad);
+    assert_int_equal(kvc_seq_close(c, 1), bad);
+    assert_int_equal(kvc_heartbeat(c, 0), bad);
+    assert_int_equal(kvc_goodbye(c, NULL), bad);
+    kvc_set_safe_epoch(c, 1);
+    assert_non_null(strstr(kvc_errmsg(c), "kvc_close"));
+    assert_int_equal(kvc_daemon_restarted(c), 0);
+    assert_int_equal(kvc_session_id(c), 0);
+    assert_int_equal(kvc_pid_seen(c), 0);
+    assert_int_equal(kvc_epoch(c), 0);
+    assert_int_equal(kvc_instance(c), 0);
+    assert_string_equal(kvc_events_endpoint(c), "");
+    assert_null(kvc_geom(c));
+    assert_int_equal(kvc_pool_pages(c, KV_FMT_FP8), 0);
+    assert_int_equal(kvc_page_bytes(c, KV_FMT_FP8), 0);
+    assert_null(kvc_pool_base(c, KV_FMT_FP8));
+    assert_null((const void *)kvc_directory(c));
+    assert_int_equal(kvc_dir_entries(c), 0);
+    assert_string_equal(kvc_backend(c), "host");
+    assert_int_equal(kvc_on_device(c), 0);
+    kv_pools_t pools;
+    memset(&pools, 0xff, sizeof pools);
+    kvc_pools(c, &pools);
+    assert_null(pools.base[KV_FMT_FP8]);
+    assert_int_equal(pools.pages[KV_FMT_FP8], 0);
+    assert_null(kvc_page_ptr(c, 0));
+    itest_rmtree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kvc_faults),
         cmocka_unit_test(test_stale_cmsg_after_timeout),
         cmocka_unit_test(test_reply_lies),
+        cmocka_unit_test(test_calls_after_close),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
