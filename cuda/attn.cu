@@ -1533,9 +1533,10 @@ __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &b
  * - the prescan lists those pages in s_f8 (kF8…) and prefetches them into L2;
  * - after the TQ3 phase's loops, while warps 0-3 still combine the TQ3 heads, warps 4-15
  *   stage the tokens' K and V rows and the group's query rows in the rings past the combine's
- *   buffer with one cp.async round trip; each computes a quarter of one head's FP8 partition
- *   (8 tokens) in plain FP32, and a second pass merges the quarters (v29; v28 ran the tail
- *   after the combine with all 16 warps: B=8 32K mix 0.0833 → 0.0821 ms in one call).
+ *   buffer with one cp.async round trip; each computes half of one head's FP8 partition
+ *   (16 tokens) in plain FP32, and a second pass merges the halves (v29 with quarters of 8
+ *   tokens; v28 ran the tail after the combine with all 16 warps: B=8 32K mix 0.0833 → 0.0821
+ *   ms in one call; v30's halves: one round of items instead of two, 0.0825 → 0.0821).
  * fast_tail is a separate function (__noinline__, scalar arguments): inlined (session 7,
  * branch v27-fp8-tail) similar code moved ptxas's register and pipe choices in the hot loops
  * and made all-TQ3 2-3% and all-FP8 1-7% slower although neither runs it. ptxas still sees
@@ -1607,22 +1608,26 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
     }
     cp_wait<0>();
     asm volatile("bar.sync 1, %0;" ::"r"(TT) : "memory");
-    /* ---- one item per warp: head h, tokens 8·qt … 8·qt + 7 (lane 4·i + j: token 8·qt + i,
-     * coordinates j·D/4 …, chunks staggered by j); each writes its partial (Ō unnormalised,
-     * m, l) to xs, and warp h merges head h's four. One warp per head took 3.8k cycles at
-     * B=8 32K (timeline), a quarter per warp 2.8k. ---- */
-    constexpr uint32_t W = NTW, QC = D / 64; /* 16-byte chunks of a lane's quarter row */
+    /* ---- one item per warp: head h, tokens TI·q … TI·q + TI − 1 (lane LPT·i + j: token
+     * TI·q + i, coordinates j·D/LPT …, chunks staggered by j); each writes its partial (Ō
+     * unnormalised, m, l) to xs, and warp h merges head h's IPH. One warp per head took 3.8k
+     * cycles at B=8 32K (timeline), a quarter per warp 2.8k (v29: LPT = 4, 8 tokens an item,
+     * 16 items for 4 heads and 32 tokens: two rounds on 12 warps). v30: LPT = 2, 16 tokens an
+     * item, 8 items: one round. ---- */
+    constexpr uint32_t LPT = 2, TI = 32 / LPT, IPH = kTailTokens / TI;
+    constexpr uint32_t W = NTW, QC = D / LPT / 16; /* 16-byte chunks of a lane's part row */
     float *xs = sq + kMaxGroup * D;          /* [item][D + 2]: Ō, m, l */
-    const uint32_t warp = tid >> 5, ti = lane >> 2, tj = lane & 3u; /* warp: of the tail's */
-    for (uint32_t it = warp; it < 4 * gh; it += W) {
-        const uint32_t h = it >> 2, t = 8 * (it & 3u) + ti;
-        const float *qh = sq + h * D + tj * (D / 4);
+    const uint32_t warp = tid >> 5, ti = lane / LPT, tj = lane % LPT; /* warp: of the tail's */
+    for (uint32_t it = warp; it < IPH * gh; it += W) {
+        const uint32_t h = it / IPH, t = TI * (it % IPH) + ti;
+        const float *qh = sq + h * D + tj * (D / LPT);
         float s, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (t < nt) {
 #pragma unroll
             for (uint32_t j = 0; j < QC; j++) {
                 const uint32_t c0 = 16u * ((j + tj) % QC);
-                const uint4 kw = *reinterpret_cast<const uint4 *>(sk + t * D + tj * (D / 4) + c0);
+                const uint4 kw =
+                    *reinterpret_cast<const uint4 *>(sk + t * D + tj * (D / LPT) + c0);
                 const uint32_t w4[4] = {kw.x, kw.y, kw.z, kw.w};
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
@@ -1637,19 +1642,20 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
             }
         }
         float d = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-        d += __shfl_xor_sync(0xffffffffu, d, 1);
-        d += __shfl_xor_sync(0xffffffffu, d, 2);
+#pragma unroll
+        for (uint32_t off = 1; off < LPT; off <<= 1)
+            d += __shfl_xor_sync(0xffffffffu, d, off);
         const float kst = __shfl_sync(0xffffffffu, lsc_k, t & 31u);
         s = t < nt ? d * qs * kst : -INFINITY;
         float m = s;
 #pragma unroll
-        for (int off = 4; off < 32; off <<= 1)
+        for (uint32_t off = LPT; off < 32; off <<= 1)
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
         /* an empty item (every token ≥ nt): m = −inf, l = 0, Ō = 0 */
         const float p = t < nt ? ex2(s - m) : 0.0f;
         float l = p;
 #pragma unroll
-        for (int off = 4; off < 32; off <<= 1)
+        for (uint32_t off = LPT; off < 32; off <<= 1)
             l += __shfl_xor_sync(0xffffffffu, l, off);
         const float w = p * __shfl_sync(0xffffffffu, lsc_v, t & 31u);
         float o[NE];
@@ -1657,9 +1663,9 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
         for (uint32_t k = 0; k < NE; k++)
             o[k] = 0.0f;
 #pragma unroll
-        for (uint32_t i = 0; i < 8; i++) {
-            const uint32_t tt = 8 * (it & 3u) + i;
-            const float wt = __shfl_sync(0xffffffffu, w, 4 * i);
+        for (uint32_t i = 0; i < TI; i++) {
+            const uint32_t tt = TI * (it % IPH) + i;
+            const float wt = __shfl_sync(0xffffffffu, w, LPT * i);
             if (tt < nt) {
                 const uint8_t *vr = sv + tt * D + lane * NE;
                 const uint32_t word = NE == 2 ? *reinterpret_cast<const uint16_t *>(vr)
@@ -1682,16 +1688,16 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
     }
     asm volatile("bar.sync 1, %0;" ::"r"(TT) : "memory");
     for (uint32_t h = warp; h < gh; h += W) {
-        const float *xr = xs + 4 * h * (D + 2);
-        float mq[4], lq[4], M = -INFINITY;
+        const float *xr = xs + IPH * h * (D + 2);
+        float mq[IPH], lq[IPH], M = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (uint32_t j = 0; j < IPH; j++) {
             mq[j] = xr[j * (D + 2) + D], lq[j] = xr[j * (D + 2) + D + 1];
             M = fmaxf(M, mq[j]);
         }
-        float L = 0.0f, wq[4];
+        float L = 0.0f, wq[IPH];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (uint32_t j = 0; j < IPH; j++) {
             wq[j] = lq[j] > 0.0f ? ex2(mq[j] - M) : 0.0f;
             L += wq[j] * lq[j];
         }
@@ -1704,7 +1710,7 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
         for (uint32_t k = 0; k < NE && k < 4; k++) {
             float v = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (uint32_t j = 0; j < IPH; j++)
                 v = fmaf(wq[j], xr[j * (D + 2) + lane * NE + k], v);
             out_o[h * D + lane * NE + k] = v * rl;
         }
