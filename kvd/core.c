@@ -737,7 +737,14 @@ static int conv_run(kvd_core_t *c, const conv_item_t *it, uint32_t m, uint32_t *
                                      (kv_fmt_t)d, k, ids, ids + m, err, errlen);
     }
     if (rc == KV_ERR_OK)
-        rc = c->be->ops->sync(c->be, err, errlen);
+        return c->be->ops->sync(c->be, err, errlen);
+    /* A call failed after an earlier one (the other direction, or an earlier piece of a long
+     * batch on cuda) was launched: that work still writes its targets, which the caller is
+     * about to put back on the free lists. Wait for it first, keeping the first error. A
+     * failing wait means a broken device context (cuda errors are sticky): nothing will run
+     * on it any more. */
+    char ignored[64];
+    (void)c->be->ops->sync(c->be, ignored, sizeof(ignored));
     return rc;
 }
 

@@ -361,6 +361,95 @@ static void test_convert_failure_keeps_source(void **state)
     kvd_core_free(&c);
 }
 
+/* An asynchronous backend, as cuda is: convert() only queues the work (checks and the failure
+ * hook first), sync() runs the queue. Built on the host backend's ops. */
+typedef struct async_job_s {
+    kv_fmt_t src, dst;
+    uint32_t n, s[8], d[8];
+} async_job_t;
+static const kvd_backend_ops_t *g_async_base;
+static async_job_t g_async_q[4];
+static uint32_t g_async_n;
+static int async_convert(kvd_backend_t *b, kv_fmt_t src, kv_fmt_t dst, uint32_t n,
+                         const uint32_t *sp, const uint32_t *dp, char *err, size_t errlen)
+{
+    int rc = kvd_backend_convert_check(b, src, dst, n, sp, dp, err, errlen);
+    if (rc != KV_ERR_OK)
+        return rc;
+    assert_true(n <= 8 && g_async_n < 4);
+    async_job_t *j = &g_async_q[g_async_n++];
+    j->src = src, j->dst = dst, j->n = n;
+    memcpy(j->s, sp, n * sizeof(uint32_t));
+    memcpy(j->d, dp, n * sizeof(uint32_t));
+    return KV_ERR_OK; /* "launched": it writes its targets whenever the device gets to it */
+}
+static int async_sync(kvd_backend_t *b, char *err, size_t errlen)
+{
+    const kvd_backend_ops_t *mine = b->ops;
+    b->ops = g_async_base; /* kvd_backend_host_page knows the host backend by its ops */
+    for (uint32_t i = 0; i < g_async_n; i++) {
+        async_job_t *j = &g_async_q[i];
+        int rc = g_async_base->convert(b, j->src, j->dst, j->n, j->s, j->d, err, errlen);
+        if (rc != KV_ERR_OK)
+            fail_msg("queued conversion failed: %s", err);
+    }
+    b->ops = mine;
+    g_async_n = 0;
+    return KV_ERR_OK;
+}
+
+/* A batch with a promote and a retier whose second backend call fails after the first was
+ * launched: the launched promote must be waited for before its target goes back to the free
+ * list. The old code skipped the wait, so the next alloc got that page (free lists are LIFO)
+ * and the promote, still queued on the stream, overwrote what the client then wrote. */
+static void test_convert_failure_waits_for_launched_work(void **state)
+{
+    (void)state;
+    kvd_core_t *c = fx_core();
+    kvd_backend_t *be = kvd_core_backend(c);
+    kvd_backend_ops_t ops = *be->ops;
+    g_async_base = be->ops;
+    ops.convert = async_convert;
+    ops.sync = async_sync;
+    be->ops = &ops;
+    g_async_n = 0;
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t ids[2];
+    FX_OK(kvd_core_alloc(c, a, 2, ids));
+    fx_fill_page(c, ids[0], 5, NULL);
+    fx_fill_page(c, ids[1], 6, NULL);
+    FX_OK(kvd_core_convert(c, ids[0], KV_FMT_TQ3)); /* to promote back below */
+    fx_quiesce(c, a);
+    uint32_t lid[2] = {ids[0], ids[1]};
+    kv_fmt_t dst[2] = {KV_FMT_FP8, KV_FMT_TQ3}; /* promotes are issued first (FP8 targets) */
+    int rc[2];
+    be->test_fail_convert = 2; /* the second backend call, the retier, fails */
+    assert_int_equal(kvd_core_convert_batch(c, 2, lid, dst, rc), KV_ERR_DEVICE);
+    assert_int_equal(rc[0], KV_ERR_DEVICE);
+    assert_int_equal(rc[1], KV_ERR_DEVICE);
+    assert_int_equal(g_async_n, 0); /* the launched promote was waited for */
+    FX_CHECK(c);
+    /* a client gets the promote's target page and writes it; a later wait must not change it */
+    uint32_t mine;
+    FX_OK(kvd_core_alloc(c, a, 1, &mine));
+    kvd_page_info_t pi;
+    FX_OK(kvd_core_page_info(c, mine, &pi));
+    be->ops = g_async_base;
+    uint8_t *pg = kvd_backend_host_page(be, KV_FMT_FP8, pi.phys);
+    be->ops = &ops;
+    assert_non_null(pg);
+    size_t bytes = (size_t)be->exp.page_bytes[KV_FMT_FP8];
+    memset(pg, 0x5a, bytes);
+    char err[256];
+    assert_int_equal(be->ops->sync(be, err, sizeof(err)), KV_ERR_OK);
+    for (size_t i = 0; i < bytes; i++)
+        if (pg[i] != 0x5a)
+            fail_msg("byte %zu of the client's page was overwritten by a conversion", i);
+    be->ops = g_async_base;
+    kvd_core_free(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -371,6 +460,7 @@ int main(void)
         cmocka_unit_test(test_convert_flips_directory),
         cmocka_unit_test(test_convert_batch),
         cmocka_unit_test(test_convert_failure_keeps_source),
+        cmocka_unit_test(test_convert_failure_waits_for_launched_work),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
