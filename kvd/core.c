@@ -912,13 +912,18 @@ int kvd_core_check(const kvd_core_t *c, char *report, size_t len)
     /* Recomputed refcounts: [0] loose, [1] seq, from the sessions and sequences. */
     uint32_t *loose = kvd_calloc(nl, sizeof(uint32_t)), *seq = kvd_calloc(nl, sizeof(uint32_t));
     uint8_t *mark = kvd_calloc(nl, 1);
-    if (!loose || !seq || !mark) {
+    uint64_t *mine = kvd_calloc(nl, sizeof(uint64_t)); /* one session's refs per id, then 0 */
+    if (!loose || !seq || !mark || !mine) {
         kvd_free(loose);
         kvd_free(seq);
         kvd_free(mark);
+        kvd_free(mine);
         bad(&k, "check: out of memory");
         return k.n;
     }
+    /* Nothing is stamped beyond the epoch the next reply carries: a later stamp would keep its
+     * page from every collection until the last session closes. */
+    const uint64_t epoch_next = c->epoch + (c->bump_pending ? 1 : 0);
     uint64_t pos = 0, key, val;
     while (kvd_map_next(&c->sessions, &pos, &key, &val)) {
         const kvd_session_t *s = (const kvd_session_t *)(uintptr_t)val;
@@ -930,6 +935,7 @@ int kvd_core_check(const kvd_core_t *c, char *report, size_t len)
                 continue;
             }
             loose[l] += (uint32_t)n;
+            mine[l] += n;
             lt += n;
         }
         uint64_t held_sum = 0;
@@ -944,11 +950,50 @@ int kvd_core_check(const kvd_core_t *c, char *report, size_t len)
                     (unsigned long long)s->sid, (unsigned long long)l);
                 continue;
             }
-            for (uint32_t i = 0; i < q->n; i++)
-                if (q->lids[i] < nl)
+            for (uint32_t i = 0; i < q->n; i++) {
+                if (q->lids[i] < nl) {
                     seq[q->lids[i]]++;
+                    mine[q->lids[i]]++;
+                } else {
+                    bad(&k, "sequence %llu holds out-of-range id %u at %u",
+                        (unsigned long long)q->id, q->lids[i], i);
+                }
+            }
             st += q->n;
         }
+        /* held is per id what seal ("does it hold prev"), dedupe (in_seq = held - loose) and
+         * close rely on: compare it id by id, not only its sum. */
+        p2 = 0;
+        while (kvd_map_next(&s->held, &p2, &l, &n)) {
+            if (l >= nl || mine[l] != n)
+                bad(&k, "session %llu: held count of logical %llu is %llu, it holds %llu",
+                    (unsigned long long)s->sid, (unsigned long long)l, (unsigned long long)n,
+                    (unsigned long long)(l < nl ? mine[l] : 0));
+            if (l < nl)
+                mine[l] = 0;
+        }
+        p2 = 0;
+        while (kvd_map_next(&s->loose, &p2, &l, &n))
+            if (l < nl && mine[l]) {
+                bad(&k, "session %llu holds logical %llu but its held map lacks it",
+                    (unsigned long long)s->sid, (unsigned long long)l);
+                mine[l] = 0;
+            }
+        p2 = 0;
+        while (kvd_map_next(&s->seqs, &p2, &l, &n)) {
+            const kvd_seq_t *q = kvd__seq_get(c, l);
+            for (uint32_t i = 0; q && q->sid == s->sid && i < q->n; i++)
+                if (q->lids[i] < nl && mine[q->lids[i]]) {
+                    bad(&k, "session %llu holds logical %u in sequence %llu but its held map "
+                        "lacks it",
+                        (unsigned long long)s->sid, q->lids[i], (unsigned long long)q->id);
+                    mine[q->lids[i]] = 0;
+                }
+        }
+        if (s->safe_epoch > c->epoch)
+            bad(&k, "session %llu reported safe epoch %llu beyond the current %llu",
+                (unsigned long long)s->sid, (unsigned long long)s->safe_epoch,
+                (unsigned long long)c->epoch);
         if (lt != s->loose_total || st != s->seq_total || held_sum != lt + st)
             bad(&k, "session %llu totals: loose %llu/%llu seq %llu/%llu held %llu",
                 (unsigned long long)s->sid, (unsigned long long)lt,
@@ -958,8 +1003,12 @@ int kvd_core_check(const kvd_core_t *c, char *report, size_t len)
     pos = 0;
     while (kvd_map_next(&c->seqs, &pos, &key, &val)) {
         const kvd_seq_t *q = (const kvd_seq_t *)(uintptr_t)val;
-        if (!kvd__session_get(c, q->sid))
+        const kvd_session_t *s = kvd__session_get(c, q->sid);
+        if (!s)
             bad(&k, "sequence %llu belongs to dead session %llu", (unsigned long long)q->id,
+                (unsigned long long)q->sid);
+        else if (!kvd_map_get(&s->seqs, q->id)) /* its refs would be counted nowhere */
+            bad(&k, "sequence %llu is not listed by its session %llu", (unsigned long long)q->id,
                 (unsigned long long)q->sid);
     }
     /* Logical free list. */
@@ -1013,6 +1062,9 @@ int kvd_core_check(const kvd_core_t *c, char *report, size_t len)
                     p);
             pm[p] = 2;
             cnt++;
+            if (pl->pg[p].stamp > epoch_next)
+                bad(&k, "%s retired phys %u stamped %llu, beyond epoch %llu", kvd_fmt_name(f), p,
+                    (unsigned long long)pl->pg[p].stamp, (unsigned long long)epoch_next);
             uint32_t l = pl->pg[p].lid;
             if (l != KVD_NONE && (l >= nl || c->lp[l].state != KVD_PAGE_RETIRED ||
                                   c->lp[l].phys != p || c->lp[l].fmt != f))
@@ -1062,6 +1114,9 @@ int kvd_core_check(const kvd_core_t *c, char *report, size_t len)
         if (p->req_loose != loose[l] || p->req_seq != seq[l])
             bad(&k, "logical %u refcounts loose %u seq %u, sessions hold loose %u seq %u", l,
                 p->req_loose, p->req_seq, loose[l], seq[l]);
+        if (p->stamp > epoch_next || p->lru_by_age)
+            bad(&k, "logical %u stamped %llu (epoch %llu) or left ordered by age", l,
+                (unsigned long long)p->stamp, (unsigned long long)epoch_next);
         switch (p->state) {
         case KVD_PAGE_FREE:
             if (!mark[l])
@@ -1089,6 +1144,14 @@ int kvd_core_check(const kvd_core_t *c, char *report, size_t len)
                 bad(&k, "logical %u: on LRU %d but eligible %d", l, p->on_lru, eligible);
             if (p->state == KVD_PAGE_OPEN && (p->cached || p->pins))
                 bad(&k, "unsealed logical %u is cached or pinned", l);
+            if (p->state == KVD_PAGE_OPEN) {
+                /* only its owner can reach an unsealed page (seal, dedupe and the "freed at
+                 * once on close" rule rely on it) */
+                const kvd_session_t *o = kvd__session_get(c, p->owner_sid);
+                if (!o || kvd__count(&o->held, l) != (uint64_t)p->req_loose + p->req_seq)
+                    bad(&k, "unsealed logical %u is held by others than its owner %llu%s", l,
+                        (unsigned long long)p->owner_sid, o ? "" : " (dead)");
+            }
             if (p->pins && !p->cached)
                 bad(&k, "logical %u pinned but not cached", l);
             if (p->cached) {
@@ -1103,6 +1166,13 @@ int kvd_core_check(const kvd_core_t *c, char *report, size_t len)
             if (p->phys >= pl->n || pl->pg[p->phys].state != KVD_PHYS_RETIRED ||
                 pl->pg[p->phys].lid != l)
                 bad(&k, "retired logical %u is not carried by a retired phys", l);
+            /* kernels still in flight resolve it: the entry keeps its last mapping until the
+             * collection that frees both */
+            if (!(kv_dir_flags(e) & KV_DIR_VALID) || kv_dir_phys(e) != p->phys ||
+                kv_dir_fmt(e) != p->fmt)
+                bad(&k, "directory entry of retired logical %u no longer maps its page (phys %u "
+                    "fmt %u flags %u)",
+                    l, kv_dir_phys(e), (unsigned)kv_dir_fmt(e), kv_dir_flags(e));
             if (kvd__lp_total(p) || p->on_lru)
                 bad(&k, "retired logical %u still has references", l);
             break;
@@ -1127,6 +1197,7 @@ int kvd_core_check(const kvd_core_t *c, char *report, size_t len)
     kvd_free(loose);
     kvd_free(seq);
     kvd_free(mark);
+    kvd_free(mine);
     return k.n;
 }
 

@@ -310,6 +310,66 @@ static void test_check_detects_corruption(void **state)
     }
 }
 
+/* Violation classes kvd_core_check missed before (each corruption below went unreported):
+ * a per-id drift of a session's held map that keeps its sum, a sequence naming an id beyond
+ * the directory, a sequence its session does not list, a retired page whose directory entry
+ * was invalidated before its collection, an unsealed page held by someone other than its
+ * owner, a safe epoch beyond the current one, and stamps beyond the next epoch. */
+static void test_check_detects_more_corruption(void **state)
+{
+    (void)state;
+    char rep[1024];
+    for (int kind = 0; kind < 8; kind++) {
+        kvd_core_t *c = fx_core();
+        uint64_t a, b, q;
+        uint32_t ids[3], tok[FX_PT], canon;
+        uint8_t h[32];
+        fx_tokens(1, 1, tok);
+        FX_OK(kvd_core_session_open(c, 1, 0, &a));
+        FX_OK(kvd_core_session_open(c, 2, 0, &b));
+        FX_OK(kvd_core_alloc(c, a, 3, ids));
+        FX_OK(kvd_core_seal(c, a, ids[0], KVD_NONE, tok, FX_PT, NULL, 0, h, &canon));
+        FX_OK(kvd_core_seq_open(c, a, &q));
+        FX_OK(kvd_core_seq_append(c, a, q, &ids[1], 1));
+        FX_OK(kvd_core_release(c, a, &ids[2], 1)); /* retired; b has not reported: kept */
+        FX_CHECK(c);
+        kvd_session_t *sa = kvd__session_get(c, a);
+        kvd_seq_t *sq = kvd__seq_get(c, q);
+        switch (kind) {
+        case 0: /* held: ids[0] one more, ids[1] one less; the sum is unchanged */
+            kvd__count_add(&sa->held, ids[0], 1);
+            kvd__count_add(&sa->held, ids[1], -1);
+            break;
+        case 1: { /* a sequence entry beyond the directory, with a matching held entry */
+            uint32_t far = c->nlogical + 5;
+            assert_int_equal(kvd_map_put(&sa->held, far, 1), 0);
+            sq->lids[sq->n++] = far;
+            sa->seq_total++;
+            break;
+        }
+        case 2: /* the session forgets its (empty) sequence */
+            FX_OK(kvd_core_seq_close(c, a, q));
+            FX_OK(kvd_core_seq_open(c, b, &q));
+            kvd_map_del(&kvd__session_get(c, b)->seqs, q);
+            break;
+        case 3: /* the retired page's entry invalidated while kernels may resolve it */
+            c->dir[ids[2]] = kv_dir_make(0, KV_FMT_FP8, 0, kv_dir_gen(c->dir[ids[2]]) + 1);
+            break;
+        case 4: /* an unsealed page that another session holds */
+            c->lp[ids[1]].owner_sid = b;
+            break;
+        case 5: c->lp[ids[0]].stamp = kvd_core_epoch(c) + 3; break;
+        case 6: c->pool[KV_FMT_FP8].pg[c->lp[ids[2]].phys].stamp = kvd_core_epoch(c) + 3; break;
+        case 7: sa->safe_epoch = kvd_core_epoch(c) + 1; break;
+        }
+        int n = kvd_core_check(c, rep, sizeof(rep));
+        if (n == 0)
+            fail_msg("corruption kind %d not detected", kind);
+        print_message("kind %d: %s", kind, rep);
+        kvd_core_free(&c);
+    }
+}
+
 static void test_backend_export(void **state)
 {
     kvd_core_t *c = fx_core();
@@ -374,6 +434,7 @@ int main(void)
         cmocka_unit_test(test_fault_injection),
         cmocka_unit_test(test_init_fault_injection),
         cmocka_unit_test(test_check_detects_corruption),
+        cmocka_unit_test(test_check_detects_more_corruption),
         cmocka_unit_test(test_backend_export),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
