@@ -561,6 +561,11 @@ int kvd_core_pin(kvd_core_t *c, uint32_t logical)
     int rc = check_cached(c, logical, "pin");
     if (rc != KV_ERR_OK)
         return rc;
+    /* bounded like request refs: a wrapped count would put a pinned page on the LRU */
+    if (c->lp[logical].pins >= KVD_PAGE_REFS_MAX)
+        return kvd__fail(c, KV_ERR_RESOURCE_EXHAUSTED,
+                         "pin: logical page %u already holds %u pins (unpin some)", logical,
+                         c->lp[logical].pins);
     c->lp[logical].pins++;
     c->st.pins++;
     c->st.pin_changes++;

@@ -257,7 +257,8 @@ int kvd_core_cache_evict(kvd_core_t *c, uint32_t logical);
  * they drop). Errors: INVALID_ARGUMENT (format). */
 int kvd_core_set_cache_quota(kvd_core_t *c, kv_fmt_t f, uint64_t pages);
 /* Pin / unpin a cached page (pin refs are counted; pinned = off the LRU, never evicted).
- * Errors: INVALID_ARGUMENT, NOT_FOUND (not cached), FAILED_PRECONDITION (unpin of unpinned). */
+ * Errors: INVALID_ARGUMENT, NOT_FOUND (not cached), FAILED_PRECONDITION (unpin of unpinned),
+ * RESOURCE_EXHAUSTED (pin of a page holding 2^31-1 pins already). */
 int kvd_core_pin(kvd_core_t *c, uint32_t logical);
 int kvd_core_unpin(kvd_core_t *c, uint32_t logical);
 

@@ -116,10 +116,11 @@ int kvd__pages_init(kvd_core_t *c, const uint32_t pages[KV_FMT_COUNT],
 void kvd__pages_fini(kvd_core_t *c);
 /* Request references (all sessions, loose and in sequences) one page may hold: a lookup or a
  * deduplicating seal that would pass it is refused with RESOURCE_EXHAUSTED, so the 32-bit
- * counts never wrap (a wrapped count would free a referenced page). */
+ * counts never wrap (a wrapped count would free a referenced page). Pins have the same bound
+ * (kvd_core_pin); the total of all kinds is summed in 64 bits. */
 #define KVD_PAGE_REFS_MAX 0x7fffffffu
 uint32_t kvd__lp_client_refs(const kvd_lpage_t *p);
-uint32_t kvd__lp_total(const kvd_lpage_t *p);
+uint64_t kvd__lp_total(const kvd_lpage_t *p);
 /* Pop a free physical page of f (state FILLING, lid set) or KVD_NONE. */
 uint32_t kvd__phys_alloc(kvd_core_t *c, kv_fmt_t f, uint32_t lid);
 /* Return a never-published FILLING page to its free list. */

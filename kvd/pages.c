@@ -22,9 +22,11 @@ uint32_t kvd__lp_client_refs(const kvd_lpage_t *p)
     return p->req_loose + p->req_seq;
 }
 
-uint32_t kvd__lp_total(const kvd_lpage_t *p)
+/* 64-bit: request refs and pins are each bounded by KVD_PAGE_REFS_MAX, so with the cache
+ * and conversion refs their 32-bit sum could wrap to 0 and retire a page still in use. */
+uint64_t kvd__lp_total(const kvd_lpage_t *p)
 {
-    return p->req_loose + p->req_seq + p->cached + p->pins + p->conv;
+    return (uint64_t)p->req_loose + p->req_seq + p->cached + p->pins + p->conv;
 }
 
 int kvd__pages_init(kvd_core_t *c, const uint32_t pages[KV_FMT_COUNT],
@@ -226,7 +228,7 @@ void kvd__refs_changed(kvd_core_t *c, uint32_t lid)
 {
     kvd_lpage_t *p = &c->lp[lid];
     KVD_ASSERT(p->state == KVD_PAGE_OPEN || p->state == KVD_PAGE_SEALED);
-    int eligible = p->cached && p->req_loose + p->req_seq + p->pins + p->conv == 0;
+    int eligible = p->cached && !p->req_loose && !p->req_seq && !p->pins && !p->conv;
     if (eligible && !p->on_lru) {
         kvd__lru_insert(c, lid);
         kvd__cache_enforce_quota(c, (kv_fmt_t)p->fmt);

@@ -468,6 +468,51 @@ static void test_quota_pin_admin(void **state)
     kvd_core_free(&c);
 }
 
+/* Pin counts are bounded like request refs. Before, kvd_core_pin counted without limit: a
+ * 2^32nd pin wrapped the count to 0 and put a page the operator had pinned on the LRU, and the
+ * page's total (request refs + pins + cache + conversion) was summed in 32 bits, so request
+ * refs and pins at their bounds plus a conversion's ref summed to 0 and retired a live page. */
+static void test_pin_count_bounded(void **state)
+{
+    (void)state;
+    kvd_core_t *c = fx_core();
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t ids[1];
+    cache_pages(c, a, 1, 50, ids); /* cached, unreferenced */
+    uint32_t lid = ids[0];
+    /* as if KVD_PAGE_REFS_MAX - 1 pins had been taken (the counter agrees, for the checker) */
+    FX_OK(kvd_core_pin(c, lid));
+    c->lp[lid].pins = KVD_PAGE_REFS_MAX - 1;
+    c->st.pins = KVD_PAGE_REFS_MAX - 1;
+    FX_OK(kvd_core_pin(c, lid)); /* the last one allowed */
+    assert_int_equal(kvd_core_pin(c, lid), KV_ERR_RESOURCE_EXHAUSTED);
+    kvd_page_info_t pi;
+    FX_OK(kvd_core_page_info(c, lid, &pi));
+    assert_int_equal(pi.pins, KVD_PAGE_REFS_MAX);
+    assert_false(pi.on_lru);
+    FX_CHECK(c);
+    /* request refs at their bound too: as if the session had looked it up that many times */
+    uint32_t tok[FX_PT], got, np, nt;
+    fx_tokens(50, 1, tok);
+    FX_OK(kvd_core_lookup(c, a, tok, FX_PT, NULL, 0, &got, 1, &np, &nt));
+    assert_int_equal(got, lid);
+    kvd_session_t *s = kvd__session_get(c, a);
+    uint64_t extra = KVD_PAGE_REFS_MAX - 1;
+    *kvd_map_get(&s->loose, lid) += extra;
+    *kvd_map_get(&s->held, lid) += extra;
+    s->loose_total += extra;
+    c->lp[lid].req_loose += (uint32_t)extra;
+    FX_CHECK(c);
+    /* a conversion's ref on top: the page stays live (a 32-bit total wrapped to 0 here) */
+    FX_OK(kvd_core_convert(c, lid, KV_FMT_TQ3));
+    FX_OK(kvd_core_page_info(c, lid, &pi));
+    assert_int_equal(pi.state, KVD_PAGE_SEALED);
+    assert_int_equal(pi.fmt, KV_FMT_TQ3);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
 static void count_cb(const kvd_page_info_t *p, void *ud)
 {
     uint32_t *v = ud;
@@ -518,6 +563,7 @@ int main(void)
         cmocka_unit_test(test_all_cache_allocates),
         cmocka_unit_test(test_converted_page_keeps_its_age),
         cmocka_unit_test(test_quota_pin_admin),
+        cmocka_unit_test(test_pin_count_bounded),
         cmocka_unit_test(test_cached_page_changes_format),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
