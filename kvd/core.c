@@ -851,8 +851,13 @@ int kvd_core_convert_batch(kvd_core_t *c, uint32_t n, const uint32_t *logical,
         if (brc != KV_ERR_OK) {
             for (uint32_t k = 0; k < m; k++) {
                 kvd__phys_unfill(c, it[k].dst, it[k].dst_phys); /* never published */
-                c->lp[it[k].lid].conv--;
+                kvd_lpage_t *p = &c->lp[it[k].lid];
+                p->conv--;
+                /* not a use: an idle entry goes back by age, as after a finished conversion,
+                 * not to the warm end as after a release */
+                p->lru_by_age = 1;
                 kvd__refs_changed(c, it[k].lid);
+                p->lru_by_age = 0;
             }
             c->st.conversion_failures += m;
             for (uint32_t i = 0; i < n; i++)

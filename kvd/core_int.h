@@ -30,7 +30,7 @@ typedef struct kvd_lpage_s {
     uint8_t fmt;   /* kv_fmt_t of phys while OPEN/SEALED/RETIRED */
     uint8_t cached;
     uint8_t on_lru;
-    uint8_t lru_by_age; /* set only around a finished conversion's refs_changed (prefix.c) */
+    uint8_t lru_by_age; /* set only around a conversion's last refs_changed (prefix.c) */
     uint32_t phys;
     uint32_t req_loose, req_seq, pins, conv;
     uint32_t next_free; /* logical free list */

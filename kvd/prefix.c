@@ -174,8 +174,9 @@ void kvd__lru_insert(kvd_core_t *c, uint32_t lid)
     KVD_ASSERT(!p->on_lru && p->cached);
     /* A page joins when its last reference goes: just used, the tail (last_use_ns is when it
      * was last acquired, not released, so it cannot order releases). A cached page that
-     * changed format (an idle retier) was not used, and may be colder than everything on its
-     * new list: then the head, or it would outlive the warmer entries evicted for it. */
+     * changed format (an idle retier), or whose conversion failed, was not used, and may be
+     * colder than everything on its list: then the head, or it would outlive the warmer
+     * entries evicted for it. */
     if (p->lru_by_age && pl->lru_head != KVD_NONE &&
         p->last_use_ns < c->lp[pl->lru_head].last_use_ns) {
         p->lru_prev = KVD_NONE;

@@ -413,6 +413,27 @@ static void test_converted_page_keeps_its_age(void **state)
     kvd_core_free(&c);
 }
 
+/* A conversion that fails leaves a cached entry where its age puts it. Before, the failure
+ * path dropped the conversion ref like a release, so the coldest entry went to the warm end
+ * of its LRU and outlived every entry the next pressure evicted for it. */
+static void test_failed_conversion_keeps_lru_place(void **state)
+{
+    (void)state;
+    kvd_core_t *c = fx_core();
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t ids[3];
+    cache_pages(c, a, 3, 60, ids); /* LRU head → tail: ids[0], ids[1], ids[2] */
+    fx_quiesce(c, a);
+    assert_int_equal(c->pool[KV_FMT_FP8].lru_head, ids[0]);
+    kvd_core_backend(c)->test_fail_convert = 1;
+    assert_int_equal(kvd_core_convert(c, ids[0], KV_FMT_TQ3), KV_ERR_DEVICE);
+    assert_int_equal(c->pool[KV_FMT_FP8].lru_head, ids[0]);
+    assert_int_equal(c->pool[KV_FMT_FP8].lru_tail, ids[2]);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
 static void test_quota_pin_admin(void **state)
 {
     kvd_core_opts_t o;
@@ -562,6 +583,7 @@ int main(void)
         cmocka_unit_test(test_eviction_order),
         cmocka_unit_test(test_all_cache_allocates),
         cmocka_unit_test(test_converted_page_keeps_its_age),
+        cmocka_unit_test(test_failed_conversion_keeps_lru_place),
         cmocka_unit_test(test_quota_pin_admin),
         cmocka_unit_test(test_pin_count_bounded),
         cmocka_unit_test(test_cached_page_changes_format),
