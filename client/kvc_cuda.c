@@ -13,6 +13,24 @@
  * PROT_NONE / PROT_READWRITE refuse it; then the directory is mapped read-write and
  * kvc__cuda_dir_readonly() reports 0 — the daemon still is the only one that SHOULD write it,
  * but unlike the host backend's sealed memfd nothing enforces that (a documented gap).
+ *
+ * Sizes: the descriptor's byte count comes from the daemon and is not trusted. VMM: cuMemMap
+ * refuses a size past the exported allocation. Legacy: cuIpcOpenMemHandle maps the whole
+ * allocation whatever we think its size is, so cuMemGetAddressRange must confirm that the
+ * allocation holds the descriptor's bytes; otherwise kernels given kvc_pools() would read and
+ * write past it.
+ *
+ * Contexts: everything lives in the PRIMARY context of the runtime's current device (the one
+ * the runtime's kernels use). Each call makes it current only for its own duration and then
+ * restores whatever context the calling thread had (cu_enter / cu_leave), so libkvc does not
+ * switch an engine's context behind its back.
+ *
+ * Close: kvc__cuda_close waits for the whole primary context (cuCtxSynchronize) before it
+ * unmaps. libkvc does not launch the engine's kernels and cannot know which streams read the
+ * mappings, and a kernel that touches an unmapped range takes the context down with a sticky
+ * error. The cost: a kvc_close waits for every kernel of the process on that device, other
+ * threads' included. An engine that closes clients while others run kernels should close
+ * them between steps.
  */
 #include "kvc_cuda.h"
 
@@ -33,6 +51,7 @@
 
 /* Driver functions through the runtime (kv_cudrv.h): libkvc must load where no driver is. */
 #define KVC_CU_FNS(X)                                                                              \
+    X(cuCtxGetCurrent)                                                                             \
     X(cuCtxSetCurrent)                                                                             \
     X(cuCtxSynchronize)                                                                            \
     X(cuDeviceGet)                                                                                 \
@@ -45,6 +64,7 @@
     X(cuIpcOpenMemHandle)                                                                          \
     X(cuMemAddressFree)                                                                            \
     X(cuMemAddressReserve)                                                                         \
+    X(cuMemGetAddressRange)                                                                        \
     X(cuMemGetAllocationGranularity)                                                               \
     X(cuMemGetAllocationPropertiesFromHandle)                                                      \
     X(cuMemImportFromShareableHandle)                                                              \
@@ -100,6 +120,23 @@ static const char *cu_str(CUresult r)
         }                                                                                          \
     } while (0)
 
+/* Make cu's context current for one call; *prev receives the thread's context (maybe NULL),
+ * which cu_leave puts back. */
+static CUresult cu_enter(const kvc_cuda_t *cu, CUcontext *prev)
+{
+    *prev = NULL;
+    CUresult r = g_cu.cuCtxGetCurrent(prev);
+    if (r == CUDA_SUCCESS && *prev != cu->ctx)
+        r = g_cu.cuCtxSetCurrent(cu->ctx);
+    return r;
+}
+
+static void cu_leave(const kvc_cuda_t *cu, CUcontext prev)
+{
+    if (prev != cu->ctx)
+        (void)g_cu.cuCtxSetCurrent(prev);
+}
+
 kv_err_t kvc__cuda_open(kvc_cuda_t **out, int legacy, char *err, size_t errlen)
 {
     *out = NULL;
@@ -123,69 +160,107 @@ kv_err_t kvc__cuda_open(kvc_cuda_t **out, int legacy, char *err, size_t errlen)
         return KV_ERR_DEVICE;
     }
     kvc_cuda_t *cu = calloc(1, sizeof(*cu));
-    if (!cu)
+    if (!cu) {
+        snprintf(err, errlen, "kvc cuda: out of memory (%zu bytes)", sizeof(*cu));
         return KV_ERR_NOMEM;
-    int ord = 0;
-    if (cudaGetDevice(&ord) != cudaSuccess)
-        ord = 0;
-    cu->legacy = legacy;
-    if (g_cu.cuDeviceGet(&cu->dev, ord) != CUDA_SUCCESS ||
-        (r = g_cu.cuDevicePrimaryCtxRetain(&cu->ctx, cu->dev)) != CUDA_SUCCESS) {
-        snprintf(err, errlen, "kvc cuda: g_cu.cuDevicePrimaryCtxRetain(device %d) failed", ord);
-        free(cu);
-        return KV_ERR_DEVICE;
     }
+    int ord = 0;
+    if (cudaGetDevice(&ord) != cudaSuccess) {
+        ord = 0;
+        (void)cudaGetLastError(); /* ours, handled: not for the engine's next check */
+    }
+    cu->legacy = legacy;
+    const char *call = "cuDeviceGet";
+    r = g_cu.cuDeviceGet(&cu->dev, ord);
+    if (r == CUDA_SUCCESS) {
+        call = "cuDevicePrimaryCtxRetain";
+        r = g_cu.cuDevicePrimaryCtxRetain(&cu->ctx, cu->dev);
+    }
+    if (r != CUDA_SUCCESS) {
+        snprintf(err, errlen, "kvc cuda: %s(device %d) failed: %s", call, ord, cu_str(r));
+        free(cu);
+        return r == CUDA_ERROR_OUT_OF_MEMORY ? KV_ERR_NOMEM : KV_ERR_DEVICE;
+    }
+    /* no cuCtxSetCurrent: the calls that need the context make it current (cu_enter) */
     *out = cu;
-    CU_TRY(g_cu.cuCtxSetCurrent(cu->ctx));
     return KV_ERR_OK;
 }
 
-kv_err_t kvc__cuda_map(kvc_cuda_t *cu, int fd, uint64_t bytes, int readonly, uint8_t **dptr,
-                       char *err, size_t errlen)
+/* Legacy IPC import of the handle in fd, checked against the descriptor's bytes. */
+static kv_err_t cu_map_legacy(kvc_cuda_t *cu, int fd, uint64_t bytes, uint8_t **dptr, char *err,
+                              size_t errlen)
 {
-    *dptr = NULL;
-    if (cu->nreg >= KVC_CUDA_MAX_REGIONS) {
-        snprintf(err, errlen, "kvc cuda: too many regions");
+    kvc_cuda_region_t *rg = &cu->reg[cu->nreg];
+    CUipcMemHandle h;
+    if (pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h)) {
+        snprintf(err, errlen, "kvc cuda: reading the legacy IPC handle failed");
         return KV_ERR_MALFORMED;
     }
-    CU_TRY(g_cu.cuCtxSetCurrent(cu->ctx));
-    kvc_cuda_region_t *rg = &cu->reg[cu->nreg];
-    if (cu->legacy) {
-        CUipcMemHandle h;
-        if (pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h)) {
-            snprintf(err, errlen, "kvc cuda: reading the legacy IPC handle failed");
-            return KV_ERR_MALFORMED;
+    CUdeviceptr p = 0;
+    CU_TRY(g_cu.cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    /* the handle opens the whole allocation, of whatever size; the descriptor only claims one */
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CUresult r = g_cu.cuMemGetAddressRange(&base, &size, p);
+    if (r != CUDA_SUCCESS || base != p || size < bytes) {
+        g_cu.cuIpcCloseMemHandle(p);
+        if (r != CUDA_SUCCESS) {
+            snprintf(err, errlen, "kvc cuda: cuMemGetAddressRange of a legacy IPC region: %s",
+                     cu_str(r));
+            return KV_ERR_DEVICE;
         }
-        CU_TRY(g_cu.cuIpcOpenMemHandle(&rg->ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
-        rg->bytes = bytes;
-        cu->nreg++;
-        cu->dir_ro = 0;
-        *dptr = (uint8_t *)(uintptr_t)rg->ptr;
-        return KV_ERR_OK;
+        snprintf(err, errlen,
+                 "kvc cuda: pool descriptor of %llu bytes, but its legacy IPC allocation holds "
+                 "%zu bytes from offset %llu",
+                 (unsigned long long)bytes, size, (unsigned long long)(p - base));
+        return KV_ERR_MALFORMED;
     }
+    rg->ptr = p;
+    rg->bytes = bytes;
+    cu->nreg++;
+    cu->dir_ro = 0;
+    *dptr = (uint8_t *)(uintptr_t)p;
+    return KV_ERR_OK;
+}
+
+/* VMM import of the POSIX fd: import, reserve, map, release the handle, set access. */
+static kv_err_t cu_map_vmm(kvc_cuda_t *cu, int fd, uint64_t bytes, int readonly, uint8_t **dptr,
+                           char *err, size_t errlen)
+{
+    kvc_cuda_region_t *rg = &cu->reg[cu->nreg];
     CUmemGenericAllocationHandle h;
     CU_TRY(g_cu.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof(prop));
     size_t gran = 0;
+    const char *call = "cuMemGetAllocationPropertiesFromHandle";
     CUresult r = g_cu.cuMemGetAllocationPropertiesFromHandle(&prop, h);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
+        call = "cuMemGetAllocationGranularity";
         r = g_cu.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-    if (r == CUDA_SUCCESS && (gran == 0 || bytes % gran != 0))
+    }
+    if (r == CUDA_SUCCESS && (gran == 0 || bytes % gran != 0)) {
+        call = "the size check (not a multiple of the granularity)";
         r = CUDA_ERROR_INVALID_VALUE;
+    }
     CUdeviceptr p = 0;
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
+        call = "cuMemAddressReserve";
         r = g_cu.cuMemAddressReserve(&p, bytes, gran, 0, 0);
-    if (r == CUDA_SUCCESS && (r = g_cu.cuMemMap(p, bytes, 0, h, 0)) != CUDA_SUCCESS)
+    }
+    /* cuMemMap refuses a size past the allocation: that is the check of a descriptor that
+     * claims more bytes than the daemon exported */
+    if (r == CUDA_SUCCESS && (r = g_cu.cuMemMap(p, bytes, 0, h, 0)) != CUDA_SUCCESS) {
+        call = "cuMemMap (a descriptor larger than the exported allocation fails here)";
         g_cu.cuMemAddressFree(p, bytes);
+    }
     g_cu.cuMemRelease(h); /* the mapping (or nothing, on failure) holds the memory now */
     if (r != CUDA_SUCCESS) {
         snprintf(err, errlen,
-                 "kvc cuda: importing a %llu-byte region (granularity %zu) failed: "
-                 "%s",
-                 (unsigned long long)bytes, gran, cu_str(r));
-        return KV_ERR_DEVICE;
+                 "kvc cuda: importing a %llu-byte region (granularity %zu) failed in %s: %s",
+                 (unsigned long long)bytes, gran, call, cu_str(r));
+        return r == CUDA_ERROR_OUT_OF_MEMORY ? KV_ERR_NOMEM : KV_ERR_DEVICE;
     }
     rg->ptr = p;
     rg->bytes = bytes;
@@ -211,12 +286,39 @@ kv_err_t kvc__cuda_map(kvc_cuda_t *cu, int fd, uint64_t bytes, int readonly, uin
     return KV_ERR_OK;
 }
 
+kv_err_t kvc__cuda_map(kvc_cuda_t *cu, int fd, uint64_t bytes, int readonly, uint8_t **dptr,
+                       char *err, size_t errlen)
+{
+    *dptr = NULL;
+    if (cu->nreg >= KVC_CUDA_MAX_REGIONS) {
+        snprintf(err, errlen, "kvc cuda: too many regions");
+        return KV_ERR_MALFORMED;
+    }
+    if (bytes == 0 || bytes > SIZE_MAX) {
+        snprintf(err, errlen, "kvc cuda: a region of %llu bytes", (unsigned long long)bytes);
+        return KV_ERR_MALFORMED;
+    }
+    CUcontext prev;
+    const CUresult r = cu_enter(cu, &prev);
+    if (r != CUDA_SUCCESS) {
+        snprintf(err, errlen, "kvc cuda: making the primary context current failed: %s",
+                 cu_str(r));
+        return KV_ERR_DEVICE;
+    }
+    const kv_err_t e = cu->legacy ? cu_map_legacy(cu, fd, bytes, dptr, err, errlen)
+                                  : cu_map_vmm(cu, fd, bytes, readonly, dptr, err, errlen);
+    cu_leave(cu, prev);
+    return e;
+}
+
 kv_err_t kvc__cuda_read(kvc_cuda_t *cu, const void *src, void *dst, size_t n)
 {
-    if (g_cu.cuCtxSetCurrent(cu->ctx) != CUDA_SUCCESS ||
-        g_cu.cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, n) != CUDA_SUCCESS)
+    CUcontext prev;
+    if (cu_enter(cu, &prev) != CUDA_SUCCESS)
         return KV_ERR_DEVICE;
-    return KV_ERR_OK;
+    const CUresult r = g_cu.cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, n);
+    cu_leave(cu, prev);
+    return r == CUDA_SUCCESS ? KV_ERR_OK : KV_ERR_DEVICE;
 }
 
 int kvc__cuda_dir_readonly(const kvc_cuda_t *cu)
@@ -229,9 +331,12 @@ void kvc__cuda_close(kvc_cuda_t **pcu)
     if (!pcu || !*pcu)
         return;
     kvc_cuda_t *cu = *pcu;
-    g_cu.cuCtxSetCurrent(cu->ctx);
-    /* Kernels of ours that still read these mappings must be done before they vanish. */
-    g_cu.cuCtxSynchronize();
+    CUcontext prev;
+    const int entered = cu_enter(cu, &prev) == CUDA_SUCCESS;
+    /* Kernels that still read these mappings must be done before they vanish; which ones do
+     * is the engine's knowledge, so wait for the whole context (file comment: the cost). */
+    if (entered)
+        g_cu.cuCtxSynchronize();
     for (int i = 0; i < cu->nreg; i++) {
         if (cu->legacy) {
             g_cu.cuIpcCloseMemHandle(cu->reg[i].ptr);
@@ -240,6 +345,11 @@ void kvc__cuda_close(kvc_cuda_t **pcu)
             g_cu.cuMemAddressFree(cu->reg[i].ptr, cu->reg[i].bytes);
         }
     }
+    /* Restore before the release: if our reference was the last one, the primary context
+     * is destroyed and must not stay current here. A thread that had it current before us
+     * got it from the runtime (or another client), which holds its own reference. */
+    if (entered)
+        cu_leave(cu, prev);
     g_cu.cuDevicePrimaryCtxRelease(cu->dev);
     free(cu);
     *pcu = NULL;
@@ -253,6 +363,23 @@ static kv_err_t kvc_cuda_absent(char *err, size_t errlen)
              "kvc: the daemon serves backend cuda but this libkvc was built "
              "without CUDA; rebuild with KVD_CUDA=ON");
     return KV_ERR_DEVICE;
+}
+
+/* Make cu's context current for one call; *prev receives the thread's context (maybe NULL),
+ * which cu_leave puts back. */
+static CUresult cu_enter(const kvc_cuda_t *cu, CUcontext *prev)
+{
+    *prev = NULL;
+    CUresult r = g_cu.cuCtxGetCurrent(prev);
+    if (r == CUDA_SUCCESS && *prev != cu->ctx)
+        r = g_cu.cuCtxSetCurrent(cu->ctx);
+    return r;
+}
+
+static void cu_leave(const kvc_cuda_t *cu, CUcontext prev)
+{
+    if (prev != cu->ctx)
+        (void)g_cu.cuCtxSetCurrent(prev);
 }
 
 kv_err_t kvc__cuda_open(kvc_cuda_t **out, int legacy, char *err, size_t errlen)

@@ -116,6 +116,10 @@ __global__ void __launch_bounds__(kAppendWarps * 32)
     }
 }
 
+/* Launch through cudaLaunchKernelEx rather than <<<>>>: its return value is this launch's own
+ * error. cudaGetLastError after <<<>>> would also return (and clear) an error left pending by
+ * an unrelated earlier call of the caller, e.g. a failed cudaMalloc, and report a kernel that
+ * did run as KVK_EDEVICE. */
 template <typename T>
 cudaError_t launch_append(dim3 grid, cudaStream_t st, const kv_geom_t &g, const kv_pools_t &p,
                           const kv_dir_entry_t *dir, uint32_t dir_len, uint32_t layer,
@@ -123,22 +127,21 @@ cudaError_t launch_append(dim3 grid, cudaStream_t st, const kv_geom_t &g, const 
                           const void *v)
 {
     const T *kk = static_cast<const T *>(k), *vv = static_cast<const T *>(v);
-    const dim3 block(kAppendWarps * 32);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kAppendWarps * 32);
+    cfg.stream = st;
     switch (g.head_dim) {
     case 64:
-        fp8_append_kernel<T, 64><<<grid, block, 0, st>>>(g, p, dir, dir_len, layer, ntok, sp, si,
-                                                         kk, vv);
-        break;
+        return cudaLaunchKernelEx(&cfg, fp8_append_kernel<T, 64>, g, p, dir, dir_len, layer, ntok,
+                                  sp, si, kk, vv);
     case 128:
-        fp8_append_kernel<T, 128><<<grid, block, 0, st>>>(g, p, dir, dir_len, layer, ntok, sp,
-                                                          si, kk, vv);
-        break;
+        return cudaLaunchKernelEx(&cfg, fp8_append_kernel<T, 128>, g, p, dir, dir_len, layer,
+                                  ntok, sp, si, kk, vv);
     default:
-        fp8_append_kernel<T, 256><<<grid, block, 0, st>>>(g, p, dir, dir_len, layer, ntok, sp,
-                                                          si, kk, vv);
-        break;
+        return cudaLaunchKernelEx(&cfg, fp8_append_kernel<T, 256>, g, p, dir, dir_len, layer,
+                                  ntok, sp, si, kk, vv);
     }
-    return cudaGetLastError();
 }
 
 } // namespace
@@ -158,8 +161,19 @@ extern "C" kvk_status_t kvk_cuda_fp8_append(const kv_geom_t *g, const kv_pools_t
         return KVK_OK;
     if (!slot_page || !slot_idx || !k || !v || !pools->base[KV_FMT_FP8])
         return KVK_EINVAL;
-    /* vector stores of codes and the float scales need the block alignment of the pool */
-    if ((uintptr_t)pools->base[KV_FMT_FP8] % KV_BLOCK_ALIGN != 0)
+    /* A misaligned load or store on the device is not a skipped token but a sticky error that
+     * ends the caller's CUDA context, so every array is checked for its element alignment:
+     * the vector stores of codes and the float scales need the pool's block alignment. */
+    if ((uintptr_t)pools->base[KV_FMT_FP8] % KV_BLOCK_ALIGN != 0 ||
+        (uintptr_t)dir % sizeof(kv_dir_entry_t) != 0 ||
+        (uintptr_t)slot_page % sizeof(uint32_t) != 0 ||
+        (uintptr_t)slot_idx % sizeof(uint32_t) != 0 || (uintptr_t)k % 2u != 0 ||
+        (uintptr_t)v % 2u != 0)
+        return KVK_EINVAL;
+    /* the kernel's page offsets (phys · page_bytes from the base) must not wrap */
+    const uint64_t pb = kv_page_bytes(g, KV_FMT_FP8);
+    const uint64_t pages = pools->pages[KV_FMT_FP8];
+    if (pages > (UINT64_MAX - (uintptr_t)pools->base[KV_FMT_FP8]) / pb)
         return KVK_EINVAL;
     const uint64_t rows = (uint64_t)ntok * 2 * g->kv_heads;
     const uint64_t blocks = (rows + kAppendWarps - 1) / kAppendWarps;
@@ -172,5 +186,10 @@ extern "C" kvk_status_t kvk_cuda_fp8_append(const kv_geom_t *g, const kv_pools_t
     else
         err = launch_append<__nv_bfloat16>(dim3((unsigned)blocks), stream, *g, *pools, dir,
                                            dir_len, layer, ntok, slot_page, slot_idx, k, v);
-    return err == cudaSuccess ? KVK_OK : KVK_EDEVICE;
+    if (err == cudaSuccess)
+        return KVK_OK;
+    /* the status reports it; leave no trace for the caller's next unrelated check (a sticky
+     * error stays whatever we do) */
+    (void)cudaGetLastError();
+    return KVK_EDEVICE;
 }

@@ -48,6 +48,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <atomic>
 #include <float.h>
 #include <type_traits>
 
@@ -878,24 +879,47 @@ __global__ void __launch_bounds__(kThreads, Rt<D>::MINB) promote_kernel(ConvPara
 }
 
 /* Blocks of the retier (promote) kernel resident on the whole GPU: SM count × blocks per SM,
- * queried once (attributes only, no stream work, so a launch stays capturable). */
+ * queried once per process (attributes only, no stream work, so a launch stays capturable;
+ * with several devices the first one's count sizes every grid, which changes only the speed).
+ * Atomic because launchers may be called from several threads; a racing first call computes
+ * the same value twice. */
 template <int D> int resident_blocks(bool retier)
 {
-    static int cached[2] = {0, 0}; /* per kernel instance; a racing first call computes twice */
-    if (cached[retier] > 0)
-        return cached[retier];
+    static std::atomic<int> cached[2]; /* per kernel instance; static storage: zero */
+    const int c = cached[retier].load(std::memory_order_relaxed);
+    if (c > 0)
+        return c;
     int dev = 0, sms = 0, per = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        return 1024; /* a plain guess; only the grid size depends on it */
-    const cudaError_t e =
-        retier
-            ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, retier_kernel<D>, kThreads, 0)
-            : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, promote_kernel<D>, kThreads, 0);
-    if (e != cudaSuccess)
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess)
+        e = retier ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, retier_kernel<D>,
+                                                                   kThreads, 0)
+                   : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, promote_kernel<D>,
+                                                                   kThreads, 0);
+    if (e != cudaSuccess) {
+        /* a plain guess; only the grid size depends on it. The failed query must not stay
+         * pending for the caller: if the device is really broken the launch says so. */
+        (void)cudaGetLastError();
         return 1024;
-    cached[retier] = sms * (per > 0 ? per : 1);
-    return cached[retier];
+    }
+    const int v = sms * (per > 0 ? per : 1);
+    cached[retier].store(v, std::memory_order_relaxed);
+    return v;
+}
+
+/* The byte range of pool f, [base, base + pages · page_bytes), as integers; false when its end
+ * does not fit in 64 bits (the kernels' page offsets would wrap). */
+bool pool_range(const kv_geom_t *g, const kv_pools_t *pools, kv_fmt_t f, uint64_t *lo,
+                uint64_t *hi)
+{
+    const uint64_t pb = kv_page_bytes(g, f), base = (uintptr_t)pools->base[f];
+    if (pools->pages[f] > (UINT64_MAX - base) / pb)
+        return false;
+    *lo = base;
+    *hi = base + pools->pages[f] * pb;
+    return true;
 }
 
 kvk_status_t convert_launch(bool retier, const kv_geom_t *g, const kv_pools_t *pools, uint32_t n,
@@ -907,8 +931,19 @@ kvk_status_t convert_launch(bool retier, const kv_geom_t *g, const kv_pools_t *p
         return KVK_OK;
     if (!src || !dst || !pools->base[KV_FMT_FP8] || !pools->base[KV_FMT_TQ3])
         return KVK_EINVAL;
+    /* misaligned loads are sticky device errors (the caller's context is lost), not skipped
+     * pairs: pools at their block alignment, page ids at theirs */
     if ((uintptr_t)pools->base[KV_FMT_FP8] % KV_BLOCK_ALIGN ||
-        (uintptr_t)pools->base[KV_FMT_TQ3] % KV_BLOCK_ALIGN)
+        (uintptr_t)pools->base[KV_FMT_TQ3] % KV_BLOCK_ALIGN ||
+        (uintptr_t)src % sizeof(uint32_t) || (uintptr_t)dst % sizeof(uint32_t))
+        return KVK_EINVAL;
+    /* Overlapping pools would let a destination page overlap a source page that another block
+     * is still reading (the twin refuses src == dst): the one aliasing the host can see. An
+     * empty pool (0 pages) overlaps nothing. */
+    uint64_t lo8, hi8, lot, hit;
+    if (!pool_range(g, pools, KV_FMT_FP8, &lo8, &hi8) ||
+        !pool_range(g, pools, KV_FMT_TQ3, &lot, &hit) ||
+        (lo8 < hi8 && lot < hit && lo8 < hit && lot < hi8))
         return KVK_EINVAL;
     const kv_fmt_t sf = retier ? KV_FMT_FP8 : KV_FMT_TQ3, df = retier ? KV_FMT_TQ3 : KV_FMT_FP8;
     ConvParams P;
@@ -960,28 +995,32 @@ kvk_status_t convert_launch(bool retier, const kv_geom_t *g, const kv_pools_t *p
                                                           : resident_blocks<256>(retier));
     uint64_t gz = (want + (uint64_t)gx * gy - 1) / ((uint64_t)gx * gy);
     gz = gz < 1 ? 1 : gz > n ? n : gz > 65535 ? 65535 : gz;
-    const dim3 grid(gx, gy, (uint32_t)gz), block(kThreads);
+    /* cudaLaunchKernelEx returns this launch's own error; cudaGetLastError after <<<>>> would
+     * also report (and clear) an unrelated error the caller left pending, and a conversion
+     * that did run would look failed to kvd (append.cu says more) */
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(gx, gy, (uint32_t)gz);
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = st;
+    cudaError_t e;
     switch (g->head_dim) {
     case 64:
-        if (retier)
-            retier_kernel<64><<<grid, block, 0, st>>>(P);
-        else
-            promote_kernel<64><<<grid, block, 0, st>>>(P);
+        e = retier ? cudaLaunchKernelEx(&cfg, retier_kernel<64>, P)
+                   : cudaLaunchKernelEx(&cfg, promote_kernel<64>, P);
         break;
     case 128:
-        if (retier)
-            retier_kernel<128><<<grid, block, 0, st>>>(P);
-        else
-            promote_kernel<128><<<grid, block, 0, st>>>(P);
+        e = retier ? cudaLaunchKernelEx(&cfg, retier_kernel<128>, P)
+                   : cudaLaunchKernelEx(&cfg, promote_kernel<128>, P);
         break;
     default:
-        if (retier)
-            retier_kernel<256><<<grid, block, 0, st>>>(P);
-        else
-            promote_kernel<256><<<grid, block, 0, st>>>(P);
+        e = retier ? cudaLaunchKernelEx(&cfg, retier_kernel<256>, P)
+                   : cudaLaunchKernelEx(&cfg, promote_kernel<256>, P);
         break;
     }
-    return cudaGetLastError() == cudaSuccess ? KVK_OK : KVK_EDEVICE;
+    if (e == cudaSuccess)
+        return KVK_OK;
+    (void)cudaGetLastError(); /* reported by the status: do not leave it for the caller */
+    return KVK_EDEVICE;
 }
 
 } // namespace

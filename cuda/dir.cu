@@ -31,12 +31,26 @@ extern "C" kvk_status_t kvk_cuda_dir_store(kv_dir_entry_t *dir, uint32_t dir_len
 {
     if (n == 0)
         return KVK_OK;
-    if (!dir || !lids || !entries || (uintptr_t)dir % 8u || (uintptr_t)entries % 8u)
+    /* a misaligned id or entry load would be a sticky device error, not a skipped store */
+    if (!dir || !lids || !entries || (uintptr_t)dir % 8u || (uintptr_t)entries % 8u ||
+        (uintptr_t)lids % 4u)
         return KVK_EINVAL;
     static_assert(sizeof(kv_dir_entry_t) == sizeof(unsigned long long), "64-bit entries");
-    const uint32_t blocks = (n + kDirThreads - 1) / kDirThreads;
-    dir_store_kernel<<<blocks, kDirThreads, 0, stream>>>(
-        reinterpret_cast<unsigned long long *>(dir), dir_len, n, lids,
-        reinterpret_cast<const unsigned long long *>(entries));
-    return cudaGetLastError() == cudaSuccess ? KVK_OK : KVK_EDEVICE;
+    /* in 64 bits: n + 255 wraps for n > 2^32 − 256 (the grid would be empty or too small);
+     * ⌈n / 256⌉ ≤ 2^24 blocks, and the kernel's i = block · 256 + thread stays below 2^32 */
+    const uint64_t blocks = ((uint64_t)n + kDirThreads - 1) / kDirThreads;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3(kDirThreads);
+    cfg.stream = stream;
+    /* cudaLaunchKernelEx returns this launch's own error; cudaGetLastError after <<<>>> would
+     * also report an unrelated error the caller left pending (append.cu says more) */
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, dir_store_kernel,
+                                             reinterpret_cast<unsigned long long *>(dir), dir_len,
+                                             n, lids,
+                                             reinterpret_cast<const unsigned long long *>(entries));
+    if (e == cudaSuccess)
+        return KVK_OK;
+    (void)cudaGetLastError(); /* reported by the status: do not leave it for the caller */
+    return KVK_EDEVICE;
 }

@@ -9,7 +9,19 @@
  *     are device pointers.
  *   - Everything that can be checked on the host (geometry, sizes, null pointers, alignment,
  *     grid limits) is checked BEFORE any launch; a bad argument returns KVK_EINVAL and enqueues
- *     nothing. A launch failure returns KVK_EDEVICE (cudaGetLastError after the launch).
+ *     nothing. Every device array must be aligned to its element (8 bytes for directory
+ *     entries, 4 for page and slot ids, 2 for f16/bf16 rows, 4 for floats; pool bases
+ *     KV_BLOCK_ALIGN): on the device a misaligned access is a sticky error that ends the
+ *     caller's CUDA context. Append, convert and dir refuse such pointers, and a pool whose
+ *     byte range base + pages × page_bytes does not fit in 64 bits; the attention launchers
+ *     check q, part_o and the pool bases only (attn.cu, 2026-12 review: to do).
+ *   - Errors: append, convert and dir launch with cudaLaunchKernelEx and return KVK_EDEVICE
+ *     when THAT launch fails, consuming the error it set (cudaGetLastError), so the caller's
+ *     next check does not see it twice; an error the caller left pending before the call
+ *     (say a failed cudaMalloc) is neither reported nor cleared. The attention launchers
+ *     still read cudaGetLastError after <<<>>>, so a pending error fails them (to do). A
+ *     sticky error of the context fails every launch. Faults of a kernel while it runs
+ *     surface at the caller's next synchronisation, as for any kernel.
  *   - Launchers never synchronize, allocate, copy or query device memory, so every one of them
  *     can be captured in a CUDA graph. Scratch space (split-K partials) is a caller-owned
  *     workspace whose size kvk_cuda_attn_workspace_bytes() gives. kvk_cuda_init() sets the
@@ -62,7 +74,8 @@ kvk_status_t kvk_cuda_fp8_append(const kv_geom_t *g, const kv_pools_t *pools,
  * pools->base[FP8] into TQ3 page dst_phys[i] of pools->base[TQ3] (retier), or TQ3 → FP8
  * (promote); all layers, K and V, every token; the destination page is fully written, padding
  * zero. src_phys, dst_phys: [n] device arrays. Pairs whose index is outside its pool are
- * skipped. Destinations must be distinct and must not be read by another pair of the batch. */
+ * skipped. Destinations must be distinct and must not be read by another pair of the batch;
+ * the two pools must not overlap (KVK_EINVAL: the only aliasing the host can check). */
 kvk_status_t kvk_cuda_page_retier(const kv_geom_t *g, const kv_pools_t *pools, uint32_t n,
                                   const uint32_t *src_phys, const uint32_t *dst_phys,
                                   cudaStream_t stream);
@@ -73,7 +86,8 @@ kvk_status_t kvk_cuda_page_promote(const kv_geom_t *g, const kv_pools_t *pools, 
 /* ---- directory publishing (dir.cu) -------------------------------------------------------- */
 /* dir[lids[i]] = entries[i] for i < n, each with one 64-bit atomic store (a concurrent reader
  * sees the old entry or the new one); ids ≥ dir_len are skipped. lids [n] and entries [n] are
- * device arrays, entries and dir 8-byte aligned. No CPU twin: kvd's core writes its host copy
+ * device arrays, entries and dir 8-byte aligned, lids 4-byte aligned; any n < 2^32 (one
+ * launch of ⌈n / 256⌉ blocks). No CPU twin: kvd's core writes its host copy
  * with atomic stores; this is how its cuda backend pushes a batch of them to the device. */
 kvk_status_t kvk_cuda_dir_store(kv_dir_entry_t *dir, uint32_t dir_len, uint32_t n,
                                 const uint32_t *lids, const kv_dir_entry_t *entries,

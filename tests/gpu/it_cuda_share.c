@@ -25,6 +25,15 @@
  *            physical page again (after reclaiming E's session), zeroes it, waits past the
  *            3 s and reads it back: it must still be zero — no write of the dead process lands
  *            in a page the daemon gave to someone else
+ *   G, H     (2026-12 review, no daemon) libkvc's import itself (client/kvc_cuda.c): H
+ *            exports a legacy IPC handle of a 4 MiB cudaMalloc and a VMM fd of a 4 MiB
+ *            cuMemCreate, both filled with a byte pattern, and hands both to G over a socket.
+ *            G, with a context of its OWN current (cuCtxCreate), calls kvc__cuda_open / map /
+ *            read / close directly: a descriptor 2 MiB larger than the allocation must be
+ *            refused in both modes (legacy: MALFORMED, from cuMemGetAddressRange; VMM: cuMemMap
+ *            refuses), the honest size must map and read back the pattern, and after every call
+ *            G's own context must still be the current one (libkvc used to leave the primary
+ *            context current)
  *   checks   A's and B's outputs are bit-identical (same kernel, same pages, same inputs), and
  *            A's second run equals its first (B's lookup did not disturb the pages); C's output
  *            after the restart equals A's; D's table starts with A's pages and its output equals
@@ -38,6 +47,7 @@
  * Geometry: layers 2, kv_heads 4, head_dim 128, page_tokens 16, q_heads 8 (GQA 2), seq_len 45
  * (the last page partly used: awkward on purpose).
  */
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -47,12 +57,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "kvc.h"
+#include "kvc_cuda.h"
 #include "kvkern.h"
 #include "kvkern_cuda.h"
 #include "kvshim.h"
@@ -462,6 +475,160 @@ static int child_f(void)
     return 0;
 }
 
+static int wait_child(pid_t p);
+
+/* G and H: two fds and two sizes over a unix socket (SCM_RIGHTS). */
+static int send_two(int sock, const int fds[2], const uint64_t sizes[2])
+{
+    char ctl[CMSG_SPACE(2 * sizeof(int))];
+    memset(ctl, 0, sizeof ctl);
+    struct iovec io = {(void *)sizes, 2 * sizeof(uint64_t)};
+    struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = ctl,
+                       .msg_controllen = sizeof ctl};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, 2 * sizeof(int));
+    return sendmsg(sock, &m, 0) == (ssize_t)(2 * sizeof(uint64_t)) ? 0 : -1;
+}
+
+static int recv_two(int sock, int fds[2], uint64_t sizes[2])
+{
+    char ctl[CMSG_SPACE(2 * sizeof(int))];
+    struct iovec io = {sizes, 2 * sizeof(uint64_t)};
+    struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = ctl,
+                       .msg_controllen = sizeof ctl};
+    if (recvmsg(sock, &m, 0) != (ssize_t)(2 * sizeof(uint64_t)))
+        return -1;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(2 * sizeof(int)))
+        return -1;
+    memcpy(fds, CMSG_DATA(c), 2 * sizeof(int));
+    return 0;
+}
+
+enum { IMPORT_BYTES = 4 << 20, LEGACY_FILL = 0x5A, VMM_FILL = 0x6B };
+
+/* H: the exporter, in its own process (a legacy IPC handle cannot be opened by the process
+ * that made it). Lives until G writes a byte back. */
+static int child_h(int sock)
+{
+    CK(cudaSetDevice(0));
+    CK(cudaFree(0));
+    void *lp = NULL;
+    CK(cudaMalloc(&lp, IMPORT_BYTES));
+    CK(cudaMemset(lp, LEGACY_FILL, IMPORT_BYTES));
+    cudaIpcMemHandle_t ih;
+    CK(cudaIpcGetMemHandle(&ih, lp));
+    int fds[2];
+    fds[0] = memfd_create("it-cuda-ipc", 0);
+    if (fds[0] < 0 || write(fds[0], &ih, sizeof ih) != (ssize_t)sizeof ih)
+        _exit(3);
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    const size_t vbytes = (IMPORT_BYTES + gran - 1) / gran * gran;
+    CUmemGenericAllocationHandle vh;
+    CK(cuMemCreate(&vh, vbytes, &prop, 0));
+    CUdeviceptr vp = 0;
+    CK(cuMemAddressReserve(&vp, vbytes, gran, 0, 0));
+    CK(cuMemMap(vp, vbytes, 0, vh, 0));
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CK(cuMemSetAccess(vp, vbytes, &acc, 1));
+    CK(cuMemsetD8(vp, VMM_FILL, vbytes));
+    CK(cudaDeviceSynchronize());
+    CK(cuMemExportToShareableHandle(&fds[1], vh, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    const uint64_t sizes[2] = {IMPORT_BYTES, vbytes};
+    if (send_two(sock, fds, sizes))
+        _exit(3);
+    char x;
+    if (read(sock, &x, 1) != 1) /* G is done */
+        _exit(3);
+    return 0;
+}
+
+/* G: the importer. Results in importG.bin: [legacy lie rc, legacy honest rc, legacy pattern
+ * seen, VMM lie rc, VMM honest rc, VMM pattern seen, G's context current after every call]. */
+static int child_g(void)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+        _exit(3);
+    pid_t h = fork(); /* before this process touches CUDA */
+    if (h == 0) {
+        close(sv[0]);
+        _exit(child_h(sv[1]));
+    }
+    close(sv[1]);
+    int fds[2];
+    uint64_t sizes[2];
+    if (recv_two(sv[0], fds, sizes))
+        _exit(3);
+    int32_t r[7] = {-1, -1, 0, -1, -1, 0, 1};
+    CK(cuInit(0));
+    CUdevice dev;
+    CK(cuDeviceGet(&dev, 0));
+    CUcontext mine = NULL, cur = NULL;
+    CUctxCreateParams cp;
+    memset(&cp, 0, sizeof cp); /* no affinity, no CIG: a plain context */
+    const CUresult cr = cuCtxCreate(&mine, &cp, 0, dev); /* current now: libkvc must leave it */
+    if (cr != CUDA_SUCCESS) { /* then at least: no context current stays none */
+        printf("INFO G: cuCtxCreate failed (%d); checking that NO context stays current\n",
+               (int)cr);
+        mine = NULL;
+        CK(cuCtxSetCurrent(NULL));
+    }
+#define MINE_CURRENT() (cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == mine)
+    char err[512] = "";
+    for (int legacy = 1; legacy >= 0; legacy--) {
+        const int fd = fds[legacy ? 0 : 1];
+        const uint64_t bytes = sizes[legacy ? 0 : 1];
+        int32_t *o = r + (legacy ? 0 : 3);
+        kvc_cuda_t *cu = NULL;
+        kv_err_t e = kvc__cuda_open(&cu, legacy, err, sizeof err);
+        r[6] &= MINE_CURRENT();
+        if (e != KV_ERR_OK) {
+            printf("INFO G: kvc__cuda_open(legacy %d): %s\n", legacy, err);
+            continue;
+        }
+        uint8_t *d = NULL;
+        err[0] = 0;
+        o[0] = kvc__cuda_map(cu, fd, bytes + (2u << 20), 0, &d, err, sizeof err);
+        r[6] &= MINE_CURRENT();
+        printf("INFO G: %s descriptor of %llu bytes over %llu: %s\n",
+               legacy ? "legacy" : "VMM", (unsigned long long)bytes + (2u << 20),
+               (unsigned long long)bytes, err[0] ? err : "accepted");
+        err[0] = 0;
+        o[1] = kvc__cuda_map(cu, fd, bytes, 0, &d, err, sizeof err);
+        r[6] &= MINE_CURRENT();
+        if (o[1] == KV_ERR_OK) {
+            uint8_t tail[8] = {0};
+            o[2] = kvc__cuda_read(cu, d + bytes - sizeof tail, tail, sizeof tail) == KV_ERR_OK;
+            r[6] &= MINE_CURRENT();
+            for (size_t i = 0; i < sizeof tail; i++)
+                o[2] &= tail[i] == (legacy ? LEGACY_FILL : VMM_FILL);
+        } else {
+            printf("INFO G: honest %s map: %s\n", legacy ? "legacy" : "VMM", err);
+        }
+        kvc__cuda_close(&cu);
+        r[6] &= MINE_CURRENT() && cu == NULL;
+    }
+#undef MINE_CURRENT
+    save("importG.bin", r, sizeof r);
+    if (write(sv[0], "d", 1) != 1)
+        _exit(3);
+    return wait_child(h) == 0 ? 0 : 6;
+}
+
 static int child_d(void)
 {
     CK(cudaSetDevice(0));
@@ -734,6 +901,24 @@ int main(int argc, char **argv)
           fr[1]);
     check(fr[0] == 1 && fr[2] == 0, "no write of the dead E lands in F's page",
           "%d nonzero words %d s after the kill", fr[2], SPIN_MS / 1000 + 1);
+
+    /* G, H: libkvc's import of lying descriptors, and the caller's context (no daemon) */
+    pid_t gp = fork();
+    if (gp == 0)
+        _exit(child_g());
+    int rg = wait_child(gp);
+    int32_t gr[7] = {-1, -1, 0, -1, -1, 0, 0};
+    load("importG.bin", gr, sizeof gr);
+    check(rg == 0 && gr[0] == KV_ERR_MALFORMED, "G: legacy descriptor past its allocation refused",
+          "exit %d, map %s (want MALFORMED)", rg, kv_err_name((kv_err_t)gr[0]));
+    check(gr[1] == KV_ERR_OK && gr[2] == 1, "G: legacy honest descriptor maps",
+          "map %s, pattern read back %d", kv_err_name((kv_err_t)gr[1]), gr[2]);
+    check(gr[3] != KV_ERR_OK && gr[3] != -1, "G: VMM descriptor past its allocation refused",
+          "map %s", gr[3] == -1 ? "not run" : kv_err_name((kv_err_t)gr[3]));
+    check(gr[4] == KV_ERR_OK && gr[5] == 1, "G: VMM honest descriptor maps",
+          "map %s, pattern read back %d", kv_err_name((kv_err_t)gr[4]), gr[5]);
+    check(gr[6] == 1, "G: libkvc leaves the caller's context current",
+          "after open, map, read and close");
 
     kill(dpid, SIGTERM);
     rd = wait_child(dpid);

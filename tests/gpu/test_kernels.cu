@@ -27,7 +27,11 @@
  *            replayed twice into a poisoned output: each must equal partial + merge bit for
  *            bit; 1, 3 and 150 splits (the merge compacts the non-empty partitions of chunks
  *            of 512: 300 partitions, most of them empty).
- * Once: dir store (kvk_cuda_dir_store, kvd's directory batches) against the expected entries.
+ * Once: dir store (kvk_cuda_dir_store, kvd's directory batches) against the expected entries;
+ * launcher arguments (2026-12 review): misaligned arrays, overlapping pools and pool ranges past
+ * 2^64 are refused before any launch, an error the caller left pending is not reported by a
+ * launch that worked (nor cleared), and (not with --small: 48 GiB, 2^32 − 1 threads) a dir
+ * store of n = 2^32 − 1 entries reaches its last one.
  */
 #include "kvkern.h"
 #include "kvkern_cuda.h"
@@ -589,6 +593,142 @@ static void run_dir_store()
     CK(cudaFree(di));
 }
 
+/* Host-side checks of the append, convert and dir launchers (review round of 2026-12). Each
+ * refusal is checked with arguments that would fault on the device if they were launched (a
+ * misaligned load is a sticky error), so a launcher that lets one through also ends this
+ * program with a CUDA error at the next synchronisation, not just a FAIL line. */
+static void run_launcher_args(bool small)
+{
+    const kv_geom_t g = {1, 1, 64, 16, 0x5eedull};
+    const uint64_t pb8 = kv_page_bytes(&g, KV_FMT_FP8), pbt = kv_page_bytes(&g, KV_FMT_TQ3);
+    uint8_t *d8 = dalloc<uint8_t>(2 * pb8), *dt = dalloc<uint8_t>(2 * pbt);
+    CK(cudaMemset(d8, 0, 2 * pb8));
+    CK(cudaMemset(dt, 0, 2 * pbt));
+    const kv_pools_t dp = {{d8, dt}, {2, 2}};
+    const kv_dir_entry_t hdir[2] = {kv_dir_make(0, KV_FMT_FP8, KV_DIR_VALID, 1),
+                                    kv_dir_make(1, KV_FMT_FP8, KV_DIR_VALID, 1)};
+    kv_dir_entry_t *ddir = dalloc<kv_dir_entry_t>(2);
+    h2d(ddir, hdir, 2);
+    const uint32_t hsp[1] = {0}, hsi[1] = {3}, hids[2] = {0, 1};
+    uint32_t *dsp = dalloc<uint32_t>(1), *dsi = dalloc<uint32_t>(1), *dids = dalloc<uint32_t>(2);
+    h2d(dsp, hsp, 1);
+    h2d(dsi, hsi, 1);
+    h2d(dids, hids, 2);
+    std::vector<uint16_t> hk(64, 0x3c00); /* 1.0 in f16 */
+    uint16_t *dk = dalloc<uint16_t>(64), *dv = dalloc<uint16_t>(64);
+    h2d(dk, hk.data(), 64);
+    h2d(dv, hk.data(), 64);
+    auto off = [](const void *p, size_t b) { return (const void *)((const char *)p + b); };
+    const uint32_t *dsp2 = (const uint32_t *)off(dsp, 2), *dsi2 = (const uint32_t *)off(dsi, 2);
+    const uint32_t *src2 = (const uint32_t *)off(dids, 2), *dst2 = (const uint32_t *)off(dids, 6);
+    const kv_dir_entry_t *ddir4 = (const kv_dir_entry_t *)off(ddir, 4);
+    const auto F16 = KVK_DTYPE_F16;
+
+    /* misaligned device arrays */
+    bool ok = kvk_cuda_fp8_append(&g, &dp, ddir4, 2, 0, 1, dsp, dsi, dk, dv, F16, 0) ==
+                  KVK_EINVAL &&
+              kvk_cuda_fp8_append(&g, &dp, ddir, 2, 0, 1, dsp2, dsi, dk, dv, F16, 0) ==
+                  KVK_EINVAL &&
+              kvk_cuda_fp8_append(&g, &dp, ddir, 2, 0, 1, dsp, dsi2, dk, dv, F16, 0) ==
+                  KVK_EINVAL &&
+              kvk_cuda_fp8_append(&g, &dp, ddir, 2, 0, 1, dsp, dsi, off(dk, 1), dv, F16, 0) ==
+                  KVK_EINVAL &&
+              kvk_cuda_fp8_append(&g, &dp, ddir, 2, 0, 1, dsp, dsi, dk, off(dv, 1),
+                                  KVK_DTYPE_BF16, 0) == KVK_EINVAL;
+    check(ok, "append rejects misaligned arrays", "dir, slot_page, slot_idx, k, v");
+    ok = kvk_cuda_page_retier(&g, &dp, 1, src2, dids + 1, 0) == KVK_EINVAL &&
+         kvk_cuda_page_retier(&g, &dp, 1, dids, dst2, 0) == KVK_EINVAL &&
+         kvk_cuda_page_promote(&g, &dp, 1, src2, dids + 1, 0) == KVK_EINVAL &&
+         kvk_cuda_page_promote(&g, &dp, 1, dids, dst2, 0) == KVK_EINVAL;
+    check(ok, "convert rejects misaligned page ids", "src, dst; retier and promote");
+    ok = kvk_cuda_dir_store(ddir, 2, 1, (const uint32_t *)off(dids, 2), ddir, 0) == KVK_EINVAL;
+    check(ok, "dir store rejects misaligned ids", "");
+
+    /* overlapping pools: a destination page over a source page (the TQ3 pool is the FP8 one,
+     * or starts inside it); pools that only touch are fine */
+    const kv_pools_t same = {{d8, d8}, {2, 2}}, inside = {{d8, d8 + pb8}, {2, 1}};
+    const kv_pools_t touch = {{d8, d8 + pb8}, {1, 1}}, empty = {{d8, d8}, {2, 0}};
+    ok = kvk_cuda_page_retier(&g, &same, 1, dids, dids + 1, 0) == KVK_EINVAL &&
+         kvk_cuda_page_promote(&g, &same, 1, dids, dids + 1, 0) == KVK_EINVAL &&
+         kvk_cuda_page_retier(&g, &inside, 1, dids, dids, 0) == KVK_EINVAL;
+    check(ok, "convert rejects overlapping pools", "");
+    KCK(kvk_cuda_page_retier(&g, &touch, 1, dids, dids, 0));
+    KCK(kvk_cuda_page_retier(&g, &empty, 1, dids, dids, 0)); /* no TQ3 page: pair skipped */
+    CK(cudaDeviceSynchronize());
+    check(true, "convert accepts adjacent pools and an empty one", "");
+
+    /* a pool whose byte range wraps past 2^64: its page offsets would wrap on the device.
+     * dir_len 0 and an empty destination pool keep a launch harmless if one slips through. */
+    uint8_t *top = (uint8_t *)(~(uintptr_t)0 - pb8 + 1 - ((~(uintptr_t)0 - pb8 + 1) % 256));
+    const kv_pools_t wrap8 = {{top, dt}, {2, 0}}, wrapt = {{d8, top}, {0, 4}};
+    ok = kvk_cuda_fp8_append(&g, &wrap8, ddir, 0, 0, 1, dsp, dsi, dk, dv, F16, 0) ==
+             KVK_EINVAL &&
+         kvk_cuda_page_retier(&g, &wrap8, 1, dids, dids, 0) == KVK_EINVAL &&
+         kvk_cuda_page_promote(&g, &wrapt, 1, dids, dids, 0) == KVK_EINVAL;
+    check(ok, "launchers reject pools past 2^64", "base %p", (void *)top);
+
+    /* An error the caller left pending (a failed cudaMalloc: not sticky) is the caller's: the
+     * launchers that work return OK, and the error is still there afterwards. Before the
+     * review they read cudaGetLastError after <<<>>> and returned KVK_EDEVICE (and cleared
+     * it) although their kernel ran. */
+    void *huge = nullptr;
+    const cudaError_t pend = cudaMalloc(&huge, (size_t)1 << 62);
+    const kvk_status_t ra = kvk_cuda_fp8_append(&g, &dp, ddir, 2, 0, 1, dsp, dsi, dk, dv, F16, 0);
+    const kvk_status_t rr = kvk_cuda_page_retier(&g, &dp, 1, dids, dids + 1, 0);
+    const kvk_status_t rp = kvk_cuda_page_promote(&g, &dp, 1, dids + 1, dids + 1, 0);
+    const kvk_status_t rd = kvk_cuda_dir_store(ddir, 2, 2, dids, ddir, 0);
+    const cudaError_t after = cudaGetLastError();
+    check(pend != cudaSuccess && ra == KVK_OK && rr == KVK_OK && rp == KVK_OK &&
+              rd == KVK_OK && after == pend,
+          "pending error stays the caller's", "malloc %d, launchers %d %d %d %d, after %d",
+          (int)pend, (int)ra, (int)rr, (int)rp, (int)rd, (int)after);
+    CK(cudaDeviceSynchronize());
+    /* the append did run (the promote wrote FP8 page 1, not 0): slot 3's K scale is 1/448 */
+    float sc = 0;
+    CK(cudaMemcpy(&sc, d8 + kv_block_meta_offset(&g, KV_FMT_FP8, KV_KIND_K) + 3 * sizeof(float),
+                  sizeof sc, cudaMemcpyDeviceToHost));
+    check(sc == 1.0f / 448.0f, "append under a pending error ran", "scale %g", (double)sc);
+
+    /* n = 2^32 − 1: ⌈n / 256⌉ computed in 32 bits wrapped to 0 blocks (a failed launch). Every
+     * id is beyond the directory but the last, which must land. */
+    if (!small) {
+        const uint32_t n = 0xffffffffu;
+        uint32_t *lids = nullptr;
+        kv_dir_entry_t *ents = nullptr;
+        if (cudaMalloc(&lids, (size_t)n * 4) != cudaSuccess ||
+            cudaMalloc(&ents, (size_t)n * 8) != cudaSuccess) {
+            (void)cudaGetLastError();
+            printf("skip dir store of 2^32 - 1 entries (no 48 GiB of device memory)\n");
+        } else {
+            const uint32_t last = 1;
+            const kv_dir_entry_t e = kv_dir_make(77, KV_FMT_TQ3, KV_DIR_VALID, 9);
+            CK(cudaMemset(lids, 0xff, (size_t)n * 4));
+            h2d(lids + (n - 1), &last, 1);
+            h2d(ents + (n - 1), &e, 1);
+            h2d(ddir, hdir, 2);
+            const kvk_status_t r = kvk_cuda_dir_store(ddir, 2, n, lids, ents, 0);
+            CK(cudaDeviceSynchronize());
+            kv_dir_entry_t got[2];
+            d2h(got, ddir, 2);
+            check(r == KVK_OK && got[0] == hdir[0] && got[1] == e,
+                  "dir store of 2^32 - 1 entries", "rc %d, entry 1 %016llx", (int)r,
+                  (unsigned long long)got[1]);
+        }
+        if (lids)
+            CK(cudaFree(lids));
+        if (ents)
+            CK(cudaFree(ents));
+    }
+    CK(cudaFree(d8));
+    CK(cudaFree(dt));
+    CK(cudaFree(ddir));
+    CK(cudaFree(dsp));
+    CK(cudaFree(dsi));
+    CK(cudaFree(dids));
+    CK(cudaFree(dk));
+    CK(cudaFree(dv));
+}
+
 int main(int argc, char **argv)
 {
     bool small = false, attn = true;
@@ -621,6 +761,7 @@ int main(int argc, char **argv)
         for (const Geo &G : full)
             run_geometry(G, false, attn);
     run_dir_store();
+    run_launcher_args(small);
     CK(cudaDeviceSynchronize());
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
