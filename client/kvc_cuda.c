@@ -365,23 +365,6 @@ static kv_err_t kvc_cuda_absent(char *err, size_t errlen)
     return KV_ERR_DEVICE;
 }
 
-/* Make cu's context current for one call; *prev receives the thread's context (maybe NULL),
- * which cu_leave puts back. */
-static CUresult cu_enter(const kvc_cuda_t *cu, CUcontext *prev)
-{
-    *prev = NULL;
-    CUresult r = g_cu.cuCtxGetCurrent(prev);
-    if (r == CUDA_SUCCESS && *prev != cu->ctx)
-        r = g_cu.cuCtxSetCurrent(cu->ctx);
-    return r;
-}
-
-static void cu_leave(const kvc_cuda_t *cu, CUcontext prev)
-{
-    if (prev != cu->ctx)
-        (void)g_cu.cuCtxSetCurrent(prev);
-}
-
 kv_err_t kvc__cuda_open(kvc_cuda_t **out, int legacy, char *err, size_t errlen)
 {
     *out = NULL;
