@@ -2,8 +2,9 @@
  *
  * Wire: one DEALER socket; a request is one frame holding a packed Kvd__Request (no empty
  * delimiter: docs/protocol.md, "Framing"). Replies are matched by id; early replies to other
- * ids wait in a small list (`stash`) until kvc_recv() asks for them, which is what makes
- * pipelining order-free for the caller.
+ * ids wait in a list (`stash`, at most KVC_STASH_MAX) until kvc_recv() asks for them, which
+ * is what makes pipelining order-free for the caller. A reply in another protocol version is
+ * refused whole (kvc_recv_one).
  *
  * Admission failure: with the NULL mechanism a refused peer's connection is just closed by the
  * daemon after the ZAP handler says 400, so a plain recv would only time out. A socket monitor
@@ -27,11 +28,15 @@
  * wait in the pipe and reach the new daemon, which answers NO_SESSION; a request the old
  * daemon took and never answered ends in TIMEOUT. Replies to requests sent before the last
  * hello (`id_floor`) are dropped on arrival instead of stashed forever, and so are late
- * replies to calls that timed out (kvc_late), whose alloc or lookup references are released.
+ * replies to synchronous calls that failed without them (kvc_late, a list that grows as
+ * needed), whose alloc or lookup references are released. A late seal reply that is a dedupe
+ * cannot be undone: the caller's reference now lives on the cached page, so requests naming
+ * the sealed page are sent with the cached one (kvc_moved_t, kvc_settle).
  */
 #include "kvc.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +44,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,12 +53,44 @@
 #include "kvc_cuda.h"
 
 #define KVC_MAX_FDS 8
-#define KVC_LATE_MAX 64 /* timed-out calls whose late replies are awaited (kvc_late) */
+/* Replies kept for kvc_recv (the stash). A pipelining engine keeps tens in flight (kvbench
+ * rpc: 64); the bound is for a daemon that answers one request many times, or a caller that
+ * never collects: past it the reply is dropped and the call that met it fails, explained,
+ * instead of memory growing for ever. */
+#define KVC_STASH_MAX 65536
+/* How long a failed fd handover waits for the daemon's pidfd to show that it exited (below
+ * that, a live daemon that closed on purpose: no session for our pid). A dying daemon closes
+ * its files in do_exit just before it becomes a zombie, microseconds apart. */
+#define KVC_EXIT_GRACE_MS 100
 
 typedef struct kvc_stash_s {
     Kvd__Reply *rep;
     struct kvc_stash_s *next;
 } kvc_stash_t;
+
+/* A synchronous call that ended without its reply (TIMEOUT, an undecodable frame, ...):
+ * nobody will ask for the reply, so kvc_late consumes it when it comes, and undoes what the
+ * caller never learned about. */
+typedef enum {
+    KVC_LATE_DROP, /* nothing to undo (a release, a status, ...) */
+    KVC_LATE_REFS, /* alloc, lookup without peek: the reply's pages hold references */
+    KVC_LATE_SEAL  /* seal of `page`: a dedupe moved the caller's reference elsewhere */
+} kvc_late_kind_t;
+
+typedef struct kvc_late_s {
+    uint64_t id;
+    uint32_t page;
+    uint8_t kind;    /* kvc_late_kind_t */
+    uint8_t gave_up; /* SEAL: kvc_settle waited for it once in vain and no longer does */
+} kvc_late_t;
+
+/* A late seal reply said the content of `from` was already cached as `to`: the daemon moved
+ * every reference of ours on `from` to `to` (kvd_core_seal) and retired `from`, while the
+ * caller, who saw a TIMEOUT, still names `from`. Requests that name `from` get `to` instead
+ * (kvc_moved_map), until a reply names `from` as a page again (the id was reused). */
+typedef struct kvc_moved_s {
+    uint32_t from, to;
+} kvc_moved_t;
 
 struct kvc_s {
     void *ctx, *sock, *mon;
@@ -83,14 +121,15 @@ struct kvc_s {
     int restarted;         /* a reply said the daemon restarted since our hello */
     uint64_t new_instance; /* its instance (0: a daemon too old to say) */
     uint64_t id_floor;     /* ids below were sent before the last hello */
-    /* requests of kvc_call that ended in TIMEOUT: nobody will ask for their replies, and
-     * those that take references (alloc, lookup without peek) must give them back when the
-     * reply comes after all (kvc_late). Bounded: the oldest is forgotten when full. */
-    struct {
-        uint64_t id;
-        int refs; /* the reply's pages hold references to release */
-    } late[KVC_LATE_MAX];
-    int nlate;
+    size_t nstash;
+    /* synchronous calls that ended without their reply (kvc_late). Grown as needed, never
+     * forgetting one: a forgotten alloc's reply would keep its references for ever. Each
+     * call reserves its slot before sending (kvc_late_reserve), so that adding it after a
+     * failure cannot fail. One entry per call that waited a whole timeout, at most. */
+    kvc_late_t *late;
+    size_t nlate, late_cap;
+    kvc_moved_t *moved; /* late seal dedupes (kvc_moved_t) */
+    size_t nmoved, moved_cap;
 };
 
 static kv_err_t kvc_fail(kvc_t *c, kv_err_t e, const char *fmt, ...)
@@ -191,17 +230,25 @@ static void kvc_unmap(kvc_t *c)
     c->dir_entries = 0;
 }
 
-void kvc_close(kvc_t **pc)
+static void kvc_stash_clear(kvc_t *c)
 {
-    if (!pc || !*pc)
-        return;
-    kvc_t *c = *pc;
     while (c->stash) {
         kvc_stash_t *s = c->stash;
         c->stash = s->next;
         kvd__reply__free_unpacked(s->rep, NULL);
         free(s);
     }
+    c->nstash = 0;
+}
+
+void kvc_close(kvc_t **pc)
+{
+    if (!pc || !*pc)
+        return;
+    kvc_t *c = *pc;
+    kvc_stash_clear(c);
+    free(c->late);
+    free(c->moved);
     kvc_unmap(c);
     if (c->mon) {
         zmq_socket_monitor(c->sock, NULL, 0);
@@ -342,6 +389,18 @@ static kv_err_t kvc_recv_one(kvc_t *c, int64_t deadline, Kvd__Reply **rep)
         }
         if (!r2)
             return kvc_fail(c, KV_ERR_MALFORMED, "the daemon's reply did not decode");
+        /* a body is read by the number of its field: under another protocol version the
+         * same numbers may mean other things, so nothing of it is used (late references
+         * included: a daemon we cannot speak to is not one we can return them to) */
+        if (r2->version != KVP_VERSION) {
+            const uint32_t v = r2->version;
+            const unsigned long long id = (unsigned long long)r2->id;
+            kvd__reply__free_unpacked(r2, NULL);
+            return kvc_fail(c, KV_ERR_VERSION_MISMATCH,
+                            "the daemon replied in protocol version %u (to request %llu); this "
+                            "libkvc speaks version %u",
+                            v, id, (unsigned)KVP_VERSION);
+        }
         *rep = r2;
         return KV_ERR_OK;
     }
@@ -356,6 +415,31 @@ static int kvc_is_restart(const kvc_t *c, const Kvd__Reply *r)
         return r->instance != c->instance;
     /* a daemon without Reply.instance: NO_SESSION while we hold a session */
     return c->session && r->status == KVD__STATUS__NO_SESSION;
+}
+
+/* A page id named by a reply is a live page of the daemon's again: a remembered dedupe of a
+ * retired page with that id (kvc_moved_t) is stale from now on. */
+static void kvc_moved_forget(kvc_t *c, const uint32_t *pages, size_t n)
+{
+    for (size_t i = 0; i < n && c->nmoved; i++)
+        for (size_t j = 0; j < c->nmoved; j++)
+            if (c->moved[j].from == pages[i]) {
+                c->moved[j] = c->moved[--c->nmoved];
+                break;
+            }
+}
+
+/* The pages an OK alloc or lookup reply names (NULL, 0 for any other reply). */
+static const uint32_t *kvc_reply_pages(const Kvd__Reply *r, size_t *n)
+{
+    *n = 0;
+    if (r->status != KVD__STATUS__OK)
+        return NULL;
+    if (r->body_case == KVD__REPLY__BODY_ALLOC && r->alloc)
+        return *n = r->alloc->n_pages, r->alloc->pages;
+    if (r->body_case == KVD__REPLY__BODY_LOOKUP && r->lookup)
+        return *n = r->lookup->n_pages, r->lookup->pages;
+    return NULL;
 }
 
 static kv_err_t kvc_reply_status(kvc_t *c, Kvd__Reply *r)
@@ -374,6 +458,9 @@ static kv_err_t kvc_reply_status(kvc_t *c, Kvd__Reply *r)
     }
     if (r->epoch > c->epoch)
         c->epoch = r->epoch;
+    size_t np;
+    const uint32_t *pg = kvc_reply_pages(r, &np);
+    kvc_moved_forget(c, pg, np);
     kv_err_t e = kv_err_valid((int)r->status) ? (kv_err_t)r->status : KV_ERR_INTERNAL;
     if (e != KV_ERR_OK)
         snprintf(c->err, sizeof c->err, "%s: %s", kv_err_name((int)e),
@@ -383,44 +470,127 @@ static kv_err_t kvc_reply_status(kvc_t *c, Kvd__Reply *r)
     return e;
 }
 
-static void kvc_late_add(kvc_t *c, uint64_t id, int refs)
+/* Room for one more late entry, taken before a request is sent so that recording it after a
+ * failure cannot fail (kvc_late_add). NOMEM: send nothing. */
+static kv_err_t kvc_late_reserve(kvc_t *c)
 {
-    if (c->nlate == KVC_LATE_MAX) /* forget the oldest: its reply will be stashed */
-        memmove(c->late, c->late + 1, sizeof c->late[0] * (KVC_LATE_MAX - 1)), c->nlate--;
-    c->late[c->nlate].id = id;
-    c->late[c->nlate++].refs = refs;
+    if (c->nlate < c->late_cap)
+        return KV_ERR_OK;
+    const size_t cap = c->late_cap ? 2 * c->late_cap : 16;
+    kvc_late_t *l = realloc(c->late, cap * sizeof *l);
+    if (!l)
+        return kvc_fail(c, KV_ERR_NOMEM, "out of memory for %zu late-reply entries", cap);
+    c->late = l;
+    c->late_cap = cap;
+    return KV_ERR_OK;
 }
 
+/* 0 when there is no room (only kvc_give_back calls it unreserved: see there). */
+static int kvc_late_add(kvc_t *c, uint64_t id, kvc_late_kind_t kind, uint32_t page)
+{
+    if (kvc_late_reserve(c) != KV_ERR_OK)
+        return 0;
+    c->late[c->nlate++] = (kvc_late_t){.id = id, .page = page, .kind = (uint8_t)kind};
+    return 1;
+}
+
+/* The late entry a reply to a synchronous call `req` that failed without its reply needs. */
+static void kvc_late_add_req(kvc_t *c, uint64_t id, const Kvd__Request *req)
+{
+    if (req->body_case == KVD__REQUEST__BODY_ALLOC ||
+        (req->body_case == KVD__REQUEST__BODY_LOOKUP && !req->lookup->peek))
+        kvc_late_add(c, id, KVC_LATE_REFS, 0);
+    else if (req->body_case == KVD__REQUEST__BODY_SEAL)
+        kvc_late_add(c, id, KVC_LATE_SEAL, req->seal->page);
+    else
+        kvc_late_add(c, id, KVC_LATE_DROP, 0);
+}
+
+static kv_err_t kvc_release_send_ids(kvc_t *c, const uint32_t *pages, size_t n, uint64_t *id);
+
 /* Release references a reply gave us that the caller will never learn about (a late reply, or
- * one refused as malformed), without waiting: the release's own reply is dropped on arrival. */
+ * one refused as malformed), without waiting: the release's own reply is dropped on arrival.
+ * Sent even when no late entry can be recorded (out of memory): the references matter more
+ * than the release's reply, which is then stashed like an unclaimed one. */
 static void kvc_give_back(kvc_t *c, const uint32_t *pages, size_t n)
 {
     uint64_t rid;
-    if (n && kvc_release_send(c, pages, n, &rid) == KV_ERR_OK)
-        kvc_late_add(c, rid, 0);
+    if (n && kvc_release_send_ids(c, pages, n, &rid) == KV_ERR_OK)
+        kvc_late_add(c, rid, KVC_LATE_DROP, 0);
 }
 
-/* A reply to a kvc_call that timed out: consumed here (1) or not one (0). The references an
- * alloc or a lookup took for us are released (the release's own reply is dropped the same
- * way), so that a slow daemon cannot make a client leak pages it never learned about. */
+/* A reply to a synchronous call that ended without it: consumed here (1) or not one (0). The
+ * references an alloc or a lookup took for us are released (the release's own reply is
+ * dropped the same way), so that a slow daemon cannot make a client leak pages it never
+ * learned about. A seal that turned out a dedupe is remembered (kvc_moved_t). */
 static int kvc_late(kvc_t *c, Kvd__Reply *r)
 {
-    int i = 0;
+    size_t i = 0;
     while (i < c->nlate && c->late[i].id != r->id)
         i++;
     if (i == c->nlate)
         return 0;
-    const int refs = c->late[i].refs;
+    const kvc_late_t l = c->late[i];
     c->late[i] = c->late[--c->nlate];
-    const uint32_t *pages = NULL;
-    size_t n = 0;
-    if (refs && r->status == KVD__STATUS__OK && r->body_case == KVD__REPLY__BODY_ALLOC)
-        pages = r->alloc->pages, n = r->alloc->n_pages;
-    else if (refs && r->status == KVD__STATUS__OK && r->body_case == KVD__REPLY__BODY_LOOKUP)
-        pages = r->lookup->pages, n = r->lookup->n_pages;
-    kvc_give_back(c, pages, n);
+    size_t n;
+    const uint32_t *pages = kvc_reply_pages(r, &n);
+    kvc_moved_forget(c, pages, n); /* ids reused: see kvc_moved_forget */
+    if (l.kind == KVC_LATE_REFS)
+        kvc_give_back(c, pages, n);
+    if (l.kind == KVC_LATE_SEAL && r->status == KVD__STATUS__OK &&
+        r->body_case == KVD__REPLY__BODY_SEAL && r->seal && r->seal->page != l.page &&
+        !kvc_is_restart(c, r)) {
+        const uint32_t to = r->seal->page;
+        if (c->nmoved == c->moved_cap) {
+            const size_t cap = c->moved_cap ? 2 * c->moved_cap : 8;
+            kvc_moved_t *m = realloc(c->moved, cap * sizeof *m);
+            if (m)
+                c->moved = m, c->moved_cap = cap;
+        }
+        if (c->nmoved < c->moved_cap)
+            c->moved[c->nmoved++] = (kvc_moved_t){.from = l.page, .to = to};
+        else /* no memory to remember it: return the moved reference rather than leak it */
+            kvc_give_back(c, &to, 1);
+    }
     kvd__reply__free_unpacked(r, NULL);
     return 1;
+}
+
+/* A reply that is not the one being waited for: dropped (sent before the last hello, never
+ * sent at all, or late), or kept for a later kvc_recv. */
+static kv_err_t kvc_route(kvc_t *c, Kvd__Reply *r)
+{
+    /* an id no kvc_send gave out yet: kept, it would be taken for the reply of the future
+     * request that gets that id */
+    if (r->id < c->id_floor || r->id >= c->next_id) {
+        kvd__reply__free_unpacked(r, NULL);
+        return KV_ERR_OK;
+    }
+    if (kvc_late(c, r))
+        return KV_ERR_OK;
+    if (c->nstash >= KVC_STASH_MAX) {
+        /* an alloc's pages are referenced whoever asked: release them (a lookup's are
+         * unless it was a peek, which the reply does not say: those stay) */
+        const unsigned long long id = (unsigned long long)r->id;
+        if (r->status == KVD__STATUS__OK && r->body_case == KVD__REPLY__BODY_ALLOC)
+            kvc_give_back(c, r->alloc->pages, r->alloc->n_pages);
+        kvd__reply__free_unpacked(r, NULL);
+        return kvc_fail(c, KV_ERR_RESOURCE_EXHAUSTED,
+                        "%d replies are already waiting to be claimed (kvc_send without "
+                        "kvc_recv, or a daemon answering a request more than once): the reply "
+                        "to request %llu was dropped",
+                        KVC_STASH_MAX, id);
+    }
+    kvc_stash_t *s = malloc(sizeof *s);
+    if (!s) {
+        kvd__reply__free_unpacked(r, NULL);
+        return kvc_fail(c, KV_ERR_NOMEM, "out of memory stashing a reply");
+    }
+    s->rep = r;
+    s->next = c->stash;
+    c->stash = s;
+    c->nstash++;
+    return KV_ERR_OK;
 }
 
 kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
@@ -433,6 +603,7 @@ kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
             *pp = s->next;
             *rep = s->rep;
             free(s);
+            c->nstash--;
             return kvc_reply_status(c, *rep);
         }
     }
@@ -446,20 +617,8 @@ kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
             *rep = r;
             return kvc_reply_status(c, r);
         }
-        if (r->id < c->id_floor) { /* sent before the last hello: nobody will ask for it */
-            kvd__reply__free_unpacked(r, NULL);
-            continue;
-        }
-        if (kvc_late(c, r))
-            continue;
-        kvc_stash_t *s = malloc(sizeof *s);
-        if (!s) {
-            kvd__reply__free_unpacked(r, NULL);
-            return kvc_fail(c, KV_ERR_NOMEM, "out of memory stashing a reply");
-        }
-        s->rep = r;
-        s->next = c->stash;
-        c->stash = s;
+        if ((e = kvc_route(c, r)) != KV_ERR_OK)
+            return e;
     }
 }
 
@@ -472,6 +631,7 @@ kv_err_t kvc_recv_any(kvc_t *c, Kvd__Reply **rep)
         c->stash = s->next;
         *rep = s->rep;
         free(s);
+        c->nstash--;
         return kvc_reply_status(c, *rep);
     }
     const int64_t deadline = kvc_now_ms() + c->timeout_ms;
@@ -501,18 +661,38 @@ kv_err_t kvc_call(kvc_t *c, Kvd__Request *req, Kvd__Reply **rep)
 {
     uint64_t id;
     *rep = NULL;
-    kv_err_t e = kvc_send(c, req, &id);
-    if (e != KV_ERR_OK)
+    KVC_NULL_CHECK(c);
+    kv_err_t e = kvc_late_reserve(c);
+    if (e != KV_ERR_OK || (e = kvc_send(c, req, &id)) != KV_ERR_OK)
         return e;
     e = kvc_recv(c, id, rep);
-    if (e == KV_ERR_TIMEOUT) /* nobody can ask for this reply again: see kvc_late */
-        kvc_late_add(c, id,
-                     req->body_case == KVD__REQUEST__BODY_ALLOC ||
-                         (req->body_case == KVD__REQUEST__BODY_LOOKUP && !req->lookup->peek));
+    /* failed without its reply (TIMEOUT, a frame that did not decode, another protocol
+     * version, a full stash): nobody can ask for it again, and it may still come */
+    if (e != KV_ERR_OK && !*rep)
+        kvc_late_add_req(c, id, req);
     return e;
 }
 
 /* ---- hello and the fd handover ----------------------------------------------------------- */
+/* 1 when process `pid` (the daemon, as SO_PEERCRED named it) has exited or exits within
+ * KVC_EXIT_GRACE_MS; 0 when it lives on, or cannot be watched (pid 0: in a pid namespace we do
+ * not see; no pidfd_open before Linux 5.3). */
+static int kvc_daemon_exited(pid_t pid)
+{
+    if (pid <= 0)
+        return 0;
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (fd < 0)
+        return errno == ESRCH; /* already gone (and reaped) */
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r;
+    do
+        r = poll(&p, 1, KVC_EXIT_GRACE_MS);
+    while (r < 0 && errno == EINTR);
+    close(fd);
+    return r > 0;
+}
+
 static kv_err_t kvc_recv_fds(kvc_t *c, const char *path, int *fds, int *nfds)
 {
     *nfds = 0;
@@ -534,6 +714,11 @@ static kv_err_t kvc_recv_fds(kvc_t *c, const char *path, int *fds, int *nfds)
         return kvc_fail(c, en == EAGAIN || en == EINPROGRESS ? KV_ERR_TIMEOUT : KV_ERR_UNAVAILABLE,
                         "connect(%s) failed: %s", path, strerror(en));
     }
+    /* the daemon's pid (credentials of its listen()), for kvc_daemon_exited below */
+    struct ucred cr = {0};
+    socklen_t crlen = sizeof cr;
+    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) != 0)
+        cr.pid = 0;
     uint8_t hdr[16] = {0};
     union {
         char buf[CMSG_SPACE(sizeof(int) * KVC_MAX_FDS)];
@@ -576,11 +761,19 @@ static kv_err_t kvc_recv_fds(kvc_t *c, const char *path, int *fds, int *nfds)
                             path);
         /* the daemon closes with nothing sent when our pid owns no session it knows; anything
          * else it sent is not the handover, and saying "denied" would send the operator to
-         * admit_uids for a protocol problem */
+         * admit_uids for a protocol problem. A daemon that died between accept and send
+         * closes the same way: its pidfd tells the two apart. */
+        if (n == 0 && kvc_daemon_exited(cr.pid))
+            return kvc_fail(c, KV_ERR_UNAVAILABLE,
+                            "the daemon (pid %d) exited during the fd handover on %s: the socket "
+                            "closed with nothing sent",
+                            (int)cr.pid, path);
         if (n == 0)
             return kvc_fail(c, KV_ERR_PERMISSION_DENIED,
-                            "the daemon sent no fds on %s (peer pid not matched to a session?)",
-                            path);
+                            "the daemon closed the fd socket %s with nothing sent: it knows no "
+                            "session of our pid %d%s",
+                            path, (int)getpid(),
+                            cr.pid ? "" : " (or it exited: its pid is not visible to us)");
         return kvc_fail(c, KV_ERR_MALFORMED,
                         "the fd handover on %s is not a KVDFDS01 header (%zd of 16 bytes, first "
                         "%02x %02x %02x %02x)",
@@ -708,15 +901,11 @@ static kv_err_t kvc_map(kvc_t *c, const Kvd__HelloRep *h)
 static void kvc_session_reset(kvc_t *c)
 {
     kvc_unmap(c);
-    while (c->stash) {
-        kvc_stash_t *s = c->stash;
-        c->stash = s->next;
-        kvd__reply__free_unpacked(s->rep, NULL);
-        free(s);
-    }
+    kvc_stash_clear(c);
     c->session = c->epoch = c->instance = c->new_instance = 0;
     c->restarted = 0;
-    c->nlate = 0; /* their replies are below the next id_floor: dropped on arrival */
+    c->nlate = 0;  /* their replies are below the next id_floor: dropped on arrival */
+    c->nmoved = 0; /* page ids of the old session mean nothing now */
     c->safe_epoch = 0; /* an engine in manual mode declares again (epochs restart too) */
     c->pid_seen = 0;
     c->backend[0] = '\0';
@@ -917,10 +1106,10 @@ kv_err_t kvc_alloc_send(kvc_t *c, kv_fmt_t f, uint32_t n, uint64_t *id)
     return kvc_send(c, &req, id);
 }
 
-kv_err_t kvc_alloc_recv(kvc_t *c, uint64_t id, uint32_t n, uint32_t *pages)
+/* The caller's part of an alloc reply (rep freed here; e: its status). */
+static kv_err_t kvc_alloc_take(kvc_t *c, Kvd__Reply *rep, kv_err_t e, uint32_t n,
+                               uint32_t *pages)
 {
-    Kvd__Reply *rep;
-    kv_err_t e = kvc_recv(c, id, &rep);
     if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_ALLOC)) == KV_ERR_OK) {
         const size_t k = rep->alloc->n_pages, bad = kvc_bad_page(c, rep->alloc->pages, k);
         if (k != n)
@@ -937,19 +1126,115 @@ kv_err_t kvc_alloc_recv(kvc_t *c, uint64_t id, uint32_t n, uint32_t *pages)
     return e;
 }
 
+kv_err_t kvc_alloc_recv(kvc_t *c, uint64_t id, uint32_t n, uint32_t *pages)
+{
+    Kvd__Reply *rep;
+    kv_err_t e = kvc_recv(c, id, &rep);
+    return rep ? kvc_alloc_take(c, rep, e, n, pages) : e;
+}
+
 kv_err_t kvc_alloc(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t *pages)
 {
+    KVC_NULL_CHECK(c);
     uint64_t id;
-    kv_err_t e = kvc_alloc_send(c, f, n, &id);
-    if (e == KV_ERR_OK && (e = kvc_alloc_recv(c, id, n, pages)) == KV_ERR_TIMEOUT)
-        kvc_late_add(c, id, 1); /* nobody can ask for this reply again: see kvc_late */
-    return e;
+    Kvd__Reply *rep;
+    kv_err_t e = kvc_late_reserve(c);
+    if (e != KV_ERR_OK || (e = kvc_alloc_send(c, f, n, &id)) != KV_ERR_OK)
+        return e;
+    if ((e = kvc_recv(c, id, &rep)) != KV_ERR_OK && !rep) {
+        kvc_late_add(c, id, KVC_LATE_REFS, 0); /* nobody can ask for it again: kvc_late */
+        return e;
+    }
+    return kvc_alloc_take(c, rep, e, n, pages);
+}
+
+/* 1 when an earlier seal of `page` failed without its reply, which kvc_settle still awaits. */
+static int kvc_seal_pending(const kvc_t *c, uint32_t page, size_t *at)
+{
+    for (size_t i = 0; i < c->nlate; i++)
+        if (c->late[i].kind == KVC_LATE_SEAL && !c->late[i].gave_up && c->late[i].page == page)
+            return *at = i, 1;
+    return 0;
+}
+
+/* Before a request names pages[n] (and `also`; KVP_NO_PAGE: none): when an earlier seal of one
+ * of them failed without its reply, wait for that reply first. The daemon handles our
+ * requests in order, so it will have applied that seal when it reads this request: if it was
+ * a dedupe, the page's reference is elsewhere by then, and only the reply says where. TIMEOUT
+ * (nothing sent) when it does not come within the client's timeout; the next request naming
+ * the page no longer waits for it (a reply that never comes must not block the page for good:
+ * one that did not decode, say). */
+static kv_err_t kvc_settle(kvc_t *c, const uint32_t *pages, size_t n, uint32_t also)
+{
+    int64_t deadline = 0;
+    for (;;) {
+        size_t at = 0;
+        int pending = also != KVP_NO_PAGE && kvc_seal_pending(c, also, &at);
+        for (size_t j = 0; j < n && !pending && c->nlate; j++)
+            pending = kvc_seal_pending(c, pages[j], &at);
+        if (!pending)
+            return KV_ERR_OK;
+        if (!deadline)
+            deadline = kvc_now_ms() + c->timeout_ms;
+        Kvd__Reply *r;
+        kv_err_t e = kvc_recv_one(c, deadline, &r);
+        if (e == KV_ERR_TIMEOUT) {
+            const uint32_t page = c->late[at].page;
+            c->late[at].gave_up = 1;
+            return kvc_fail(c, KV_ERR_TIMEOUT,
+                            "the reply to an earlier seal of page %u (it failed without one) has "
+                            "not come within %d ms: until it does, libkvc cannot tell whether "
+                            "the daemon moved that page's reference to a cached copy (nothing "
+                            "sent; the next call naming the page no longer waits)",
+                            page, c->timeout_ms);
+        }
+        if (e != KV_ERR_OK || (e = kvc_route(c, r)) != KV_ERR_OK)
+            return e;
+    }
+}
+
+/* Where a late dedupe moved the reference of `page` (kvc_moved_t); `page` if none did. */
+static uint32_t kvc_moved_to(const kvc_t *c, uint32_t page)
+{
+    for (size_t j = 0; j < c->nmoved; j++)
+        if (c->moved[j].from == page)
+            return c->moved[j].to;
+    return page;
+}
+
+/* pages[n] with each page that a late dedupe moved replaced by where its reference went.
+ * Returns pages itself when none was moved, else a copy in *owned (free it); NULL: out of
+ * memory. */
+static const uint32_t *kvc_moved_map(kvc_t *c, const uint32_t *pages, size_t n,
+                                     uint32_t **owned)
+{
+    *owned = NULL;
+    for (size_t i = 0; i < n && c->nmoved; i++) {
+        const uint32_t to = kvc_moved_to(c, pages[i]);
+        if (to == pages[i])
+            continue;
+        if (!*owned) {
+            if (!(*owned = malloc(n * sizeof **owned))) {
+                kvc_fail(c, KV_ERR_NOMEM, "out of memory mapping %zu page ids", n);
+                return NULL;
+            }
+            memcpy(*owned, pages, n * sizeof **owned);
+        }
+        (*owned)[i] = to;
+    }
+    return *owned ? *owned : pages;
 }
 
 kv_err_t kvc_seal(kvc_t *c, uint32_t page, uint32_t prev, const uint32_t *tokens, size_t n,
                   const void *extra, size_t extra_len, uint32_t *out_page)
 {
+    KVC_NULL_CHECK(c);
     KVC_REQ(SEAL, seal, Kvd__SealReq, KVD__SEAL_REQ__INIT);
+    kv_err_t e = kvc_settle(c, NULL, 0, prev);
+    if (e != KV_ERR_OK)
+        return e;
+    if (prev != KVP_NO_PAGE) /* a prev deduplicated late is held (and sealed) where it went */
+        prev = kvc_moved_to(c, prev);
     body.page = page;
     body.has_prev = prev != KVP_NO_PAGE;
     body.prev = prev != KVP_NO_PAGE ? prev : 0;
@@ -958,7 +1243,7 @@ kv_err_t kvc_seal(kvc_t *c, uint32_t page, uint32_t prev, const uint32_t *tokens
     body.extra.data = (uint8_t *)extra;
     body.extra.len = extra ? extra_len : 0;
     Kvd__Reply *rep;
-    kv_err_t e = kvc_call(c, &req, &rep);
+    e = kvc_call(c, &req, &rep);
     if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_SEAL)) == KV_ERR_OK) {
         if (kvc_bad_page(c, &rep->seal->page, 1) == 0)
             e = kvc_fail(c, KV_ERR_MALFORMED, "seal returned page %u, past the %u-entry directory",
@@ -977,6 +1262,33 @@ kv_err_t kvc_lookup_send(kvc_t *c, const uint32_t *tokens, size_t n, int peek, u
     body.tokens.len = n * sizeof(uint32_t);
     body.peek = peek != 0;
     return kvc_send(c, &req, id);
+}
+
+/* Release pages[cap..k) of a lookup reply (k > cap). When that fails, the call fails and the
+ * caller gets none of the pages: those it would have got, pages[0..cap), are given back too
+ * (they leaked), and so are the others when the daemon surely did not release them (it said
+ * so, or never got the request); after a TIMEOUT it may still, in order: not those. */
+static kv_err_t kvc_lookup_trim(kvc_t *c, const uint32_t *pages, size_t k, size_t cap)
+{
+    uint64_t rid;
+    Kvd__Reply *rr = NULL;
+    int maybe_applied = 0;
+    kv_err_t e = kvc_late_reserve(c);
+    if (e == KV_ERR_OK && (e = kvc_release_send_ids(c, pages + cap, k - cap, &rid)) == KV_ERR_OK &&
+        (e = kvc_recv(c, rid, &rr)) != KV_ERR_OK && !rr) {
+        kvc_late_add(c, rid, KVC_LATE_DROP, 0);
+        maybe_applied = 1;
+    }
+    kvc_reply_free(&rr);
+    if (e == KV_ERR_OK)
+        return e;
+    char why[256];
+    snprintf(why, sizeof why, "%s", kvc_errmsg(c));
+    kvc_give_back(c, pages, maybe_applied ? cap : k);
+    return kvc_fail(c, e, "lookup: returning the %zu pages beyond cap %zu failed (%s); %s",
+                    k - cap, cap, why,
+                    maybe_applied ? "the pages within cap were given back (*npages 0)"
+                                  : "all the pages were given back (*npages 0)");
 }
 
 kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extra,
@@ -1020,13 +1332,9 @@ kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extr
              * skips prefill by tokens_matched must hold a page for each of them) */
             const uint64_t covered = (uint64_t)cap * c->geom.page_tokens;
             matched = matched < covered ? matched : covered;
-            if (!peek && (e = kvc_release(c, rep->lookup->pages + cap, k - cap)) != KV_ERR_OK) {
-                char why[256];
-                snprintf(why, sizeof why, "%s", kvc_errmsg(c));
+            if (!peek && (e = kvc_lookup_trim(c, rep->lookup->pages, k, cap)) != KV_ERR_OK) {
                 kvc_reply_free(&rep);
-                return kvc_fail(c, e, "lookup: returning the %zu pages beyond cap %zu failed "
-                                      "(their references are still held): %s",
-                                k - cap, cap, why);
+                return e;
             }
             k = cap;
         }
@@ -1040,7 +1348,8 @@ kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extr
     return e;
 }
 
-kv_err_t kvc_release_send(kvc_t *c, const uint32_t *pages, size_t n, uint64_t *id)
+/* The release request as given: pages from replies (kvc_give_back) are never mapped. */
+static kv_err_t kvc_release_send_ids(kvc_t *c, const uint32_t *pages, size_t n, uint64_t *id)
 {
     KVC_REQ(RELEASE, release, Kvd__ReleaseReq, KVD__RELEASE_REQ__INIT);
     body.pages = (uint32_t *)pages;
@@ -1048,17 +1357,32 @@ kv_err_t kvc_release_send(kvc_t *c, const uint32_t *pages, size_t n, uint64_t *i
     return kvc_send(c, &req, id);
 }
 
-kv_err_t kvc_release(kvc_t *c, const uint32_t *pages, size_t n)
+kv_err_t kvc_release_send(kvc_t *c, const uint32_t *pages, size_t n, uint64_t *id)
 {
-    uint64_t id;
-    kv_err_t e = kvc_release_send(c, pages, n, &id);
+    KVC_NULL_CHECK(c);
+    uint32_t *owned;
+    const uint32_t *ids;
+    kv_err_t e = kvc_settle(c, pages, n, KVP_NO_PAGE);
     if (e != KV_ERR_OK)
         return e;
+    if (!(ids = kvc_moved_map(c, pages, n, &owned)))
+        return KV_ERR_NOMEM;
+    e = kvc_release_send_ids(c, ids, n, id);
+    free(owned);
+    return e;
+}
+
+kv_err_t kvc_release(kvc_t *c, const uint32_t *pages, size_t n)
+{
+    KVC_NULL_CHECK(c);
+    uint64_t id;
+    kv_err_t e = kvc_late_reserve(c);
+    if (e != KV_ERR_OK || (e = kvc_release_send(c, pages, n, &id)) != KV_ERR_OK)
+        return e;
     Kvd__Reply *rep;
-    e = kvc_recv(c, id, &rep);
+    if ((e = kvc_recv(c, id, &rep)) != KV_ERR_OK && !rep)
+        kvc_late_add(c, id, KVC_LATE_DROP, 0);
     kvc_reply_free(&rep);
-    if (e == KV_ERR_TIMEOUT)
-        kvc_late_add(c, id, 0);
     return e;
 }
 
@@ -1076,13 +1400,22 @@ kv_err_t kvc_seq_open(kvc_t *c, const char *tag, uint64_t *seq)
 
 kv_err_t kvc_seq_append(kvc_t *c, uint64_t seq, const uint32_t *pages, size_t n)
 {
+    KVC_NULL_CHECK(c);
     KVC_REQ(SEQ_APPEND, seq_append, Kvd__SeqAppendReq, KVD__SEQ_APPEND_REQ__INIT);
+    uint32_t *owned;
+    const uint32_t *ids;
+    kv_err_t e = kvc_settle(c, pages, n, KVP_NO_PAGE);
+    if (e != KV_ERR_OK)
+        return e;
+    if (!(ids = kvc_moved_map(c, pages, n, &owned))) /* the loose reference is where it went */
+        return KV_ERR_NOMEM;
     body.seq_id = seq;
-    body.pages = (uint32_t *)pages;
+    body.pages = (uint32_t *)ids;
     body.n_pages = n;
     Kvd__Reply *rep;
-    kv_err_t e = kvc_call(c, &req, &rep);
+    e = kvc_call(c, &req, &rep);
     kvc_reply_free(&rep);
+    free(owned);
     return e;
 }
 

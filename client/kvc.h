@@ -63,7 +63,9 @@ const char *kvc_errmsg(const kvc_t *c);
  * reply is checked: MALFORMED for session id 0, an invalid geometry, a page or the directory
  * that would lie outside its mapping, no directory or no FP8 pool (map = 1), or an fd handover
  * that is not "KVDFDS01" + a session id; PERMISSION_DENIED when the fd socket closes with
- * nothing sent (our pid owns no session there). On failure the kvc_t holds no session
+ * nothing sent (our pid owns no session there), UNAVAILABLE when it closed that way because
+ * the daemon exited during the handover (its pidfd, watched for up to 100 ms, says so). On
+ * failure the kvc_t holds no session
  * (kvc_session_id() == 0) and may hello again; a session the daemon opened for this
  * connection stays until the process exits, and that next hello gets it back. */
 kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, int map);
@@ -118,13 +120,18 @@ void kvc_set_safe_epoch(kvc_t *c, uint64_t safe_epoch);
  * of each send). */
 kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id);
 /* Wait for the reply to id. On KV_ERR_OK or on a daemon error status, *rep is the reply (free
- * with kvc_reply_free) and the return value is its status; on a local failure (TIMEOUT,
- * MALFORMED reply, PERMISSION_DENIED) *rep is NULL. After a TIMEOUT here the caller may wait
- * for id again. After a TIMEOUT of a synchronous call (kvc_call and the typed calls below)
- * nobody can: its reply is dropped when it comes, and the pages an alloc or a lookup without
- * peek took are released then. */
+ * with kvc_reply_free) and the return value is its status; on a local failure *rep is NULL:
+ * TIMEOUT, MALFORMED (a frame that did not decode: its request is unknown, so it fails the
+ * call that met it), VERSION_MISMATCH (a reply in another protocol version, both named),
+ * PERMISSION_DENIED, RESOURCE_EXHAUSTED (65 536 replies already wait unclaimed: the one that
+ * came is dropped, an alloc's pages released). After a local failure here the caller may
+ * wait for id again. After one of a synchronous call (kvc_call and the typed calls below)
+ * nobody can: its reply is dropped when it comes, however many such calls wait, and the
+ * pages an alloc or a lookup without peek took are released then (for a seal see
+ * kvc_seal). Replies to ids no kvc_send gave out yet are dropped on arrival. */
 kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep);
-/* Send raw bytes as one request (tests of malformed input). */
+/* Send raw bytes as one request (tests of malformed input); take its reply with kvc_recv_any
+ * (kvc_recv drops replies to ids kvc_send has not given out). */
 kv_err_t kvc_send_raw(kvc_t *c, const void *buf, size_t len);
 /* Wait for the next reply whatever its id (replies to requests sent before the last hello are
  * dropped, as kvc_recv drops them). */
@@ -139,13 +146,24 @@ void kvc_reply_free(Kvd__Reply **rep);
 kv_err_t kvc_alloc(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t *pages);
 /* prev = KVP_NO_PAGE for the first page. tokens[n] with n == page_tokens. *out_page is the page
  * that holds the content now (the request's page, or a cached duplicate; see SealRep);
- * MALFORMED when the reply names one past the directory. */
+ * MALFORMED when the reply names one past the directory.
+ * A seal that fails without its reply (TIMEOUT) may still be applied, and if it is a dedupe
+ * the daemon moves this session's references on `page` to the cached page Q. libkvc learns Q
+ * from the late reply and from then on sends Q where the caller names `page` in kvc_release,
+ * kvc_release_send, kvc_seq_append and the prev of kvc_seal, until a reply names `page` again
+ * (the id reused). Each of those calls first waits (up to the timeout) for that reply when it
+ * names `page` before the reply came; TIMEOUT, nothing sent, when it does not come (a second
+ * call no longer waits). Kernels must not read `page` after such a TIMEOUT: it may be retired;
+ * release it (or seq_close) and look the tokens up again. */
 kv_err_t kvc_seal(kvc_t *c, uint32_t page, uint32_t prev, const uint32_t *tokens, size_t n,
                   const void *extra, size_t extra_len, uint32_t *out_page);
 /* pages[cap] receives the matched pages (referenced unless peek); *npages their count;
  * *tokens_matched never exceeds the tokens of the pages returned. MALFORMED (the reply's pages
  * released unless peek, *npages 0) when the reply names more pages than n tokens fill, more
- * tokens than its pages hold, or an id past the directory. */
+ * tokens than its pages hold, or an id past the directory. Matched pages beyond cap are
+ * released before returning; when that release fails, so does the call (*npages 0), and the
+ * pages it would have returned are released too (all of them unless the failed release may
+ * still be applied: a TIMEOUT). */
 kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extra,
                     size_t extra_len, int peek, uint32_t *pages, size_t cap, size_t *npages,
                     uint32_t *tokens_matched);

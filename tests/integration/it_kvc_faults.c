@@ -34,6 +34,21 @@
  *              reply: dropped (kvc_recv_any returned it).
  * test_calls_after_close: every call on the NULL that kvc_close leaves is INVALID_ARGUMENT
  * (they dereferenced it), a second close is a no-op.
+ * The libkvc review (round 2), each failing before its fix in client/kvc.c:
+ *   fds died   the fd socket's process exits with nothing sent: UNAVAILABLE naming the exit (it
+ *              was PERMISSION_DENIED, "peer pid not matched"); fds refuse: a live one closing
+ *              says it knows no session of our pid;
+ *   late list  70 allocs time out, their replies come after: all 70 pages released (the list
+ *              held 64 and forgot the oldest: 64);
+ *   seal dedupe a seal times out, its late reply is a dedupe to page 6: a later release of the
+ *              page and a seal naming it as prev send 6 (they sent the retired page);
+ *   undecodable a frame that does not decode before an alloc's reply: the alloc fails and its
+ *              late reply is released (it was kept for ever, with its reference);
+ *   version    a reply in protocol version 2: VERSION_MISMATCH naming both (it was read);
+ *   stash      one request answered 70 000 times: RESOURCE_EXHAUSTED past 65 536 unclaimed
+ *              replies (they piled up without bound);
+ *   lookup cap 3 pages for a cap of 1 and the release of the 2 beyond fails: all 3 are given
+ *              back (the one within the cap leaked).
  * Each failed hello leaves kvc_session_id() at 0, and no fd of this process is left open.
  */
 #include <dirent.h>
@@ -51,6 +66,8 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -69,11 +86,23 @@ enum {
     BAD_MAGIC,
     NO_DIR,
     NO_FP8,
-    SESSION_0
+    SESSION_0,
+    FDS_REFUSE,
+    FDS_DIED
 };
 
 #define HELLO_EPOCH 10u
-#define MAX_SEEN    16
+#define MAX_SEEN    256
+#define MAX_HELD    128
+
+/* A reply the fake sends later: when its time comes (due_ms), or before the answer to the
+ * next status request (due_ms 0). */
+typedef struct held_s {
+    zmq_msg_t rid;
+    uint8_t *buf;
+    size_t len;
+    int64_t due_ms;
+} held_t;
 
 typedef struct fake_s {
     char dir[64], ep[96], fds_path[96];
@@ -88,11 +117,27 @@ typedef struct fake_s {
     uint64_t held_id;    /* the status request held back (0: none) */
     zmq_msg_t held_rid;  /* its routing id */
     uint32_t alloc_page; /* first page id an alloc returns */
+    /* the review's round 2 (see the top) */
+    int honest_alloc;       /* an alloc returns exactly the pages asked for */
+    int hold_alloc;         /* alloc replies wait for the next status request */
+    int garbage_alloc;      /* a frame that does not decode goes before the next alloc reply */
+    int seal_honest;        /* a seal returns its own page (not one past the directory) */
+    uint32_t seal_to;       /* != KVP_NO_PAGE: the next seal is a dedupe to this page... */
+    int seal_delay_ms;      /* ...answered this late */
+    uint32_t lookup_pages;  /* > 0: a lookup returns pages 5, 6, ... and their tokens */
+    int release_fail;       /* this many releases answered NOMEM (not applied) */
+    uint32_t reply_version; /* != 0: the next reply's protocol version */
+    int status_copies;      /* the next status request is answered this many times */
+    held_t held[MAX_HELD];
+    size_t nheld;
+    pid_t fds_child; /* FDS_DIED: the process that plays the fd socket and exits */
     /* what the router saw (read after it is joined) */
     uint32_t released[MAX_SEEN];
     size_t nreleased;
     uint64_t status_epoch[MAX_SEEN];
     size_t nstatus;
+    uint32_t seal_prev[MAX_SEEN];
+    size_t nseal;
 } fake_t;
 
 /* libkvc is linked in statically, so this is the recvmsg its fd handover calls (the kernel's
@@ -137,9 +182,27 @@ static int memfd_of(const char *name, size_t bytes)
     return fd;
 }
 
-static void send_reply(fake_t *f, zmq_msg_t *rid, Kvd__Reply *rep)
+static int64_t now_ms(void)
 {
-    rep->version = KVP_VERSION;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void send_frame(fake_t *f, zmq_msg_t *rid, const void *buf, size_t n)
+{
+    zmq_msg_t r;
+    zmq_msg_init(&r);
+    zmq_msg_copy(&r, rid);
+    zmq_msg_send(&r, f->router, ZMQ_SNDMORE);
+    zmq_send(f->router, buf, n, 0);
+}
+
+/* Send rep now (due_ms < 0), or hold it (see held_t). */
+static void send_reply_at(fake_t *f, zmq_msg_t *rid, Kvd__Reply *rep, int64_t due_ms)
+{
+    rep->version = f->reply_version ? f->reply_version : KVP_VERSION;
+    f->reply_version = 0;
     rep->instance = 0x1234;
     if (!rep->epoch)
         rep->epoch = HELLO_EPOCH;
@@ -148,12 +211,41 @@ static void send_reply(fake_t *f, zmq_msg_t *rid, Kvd__Reply *rep)
     if (!buf)
         abort();
     kvd__reply__pack(rep, buf);
-    zmq_msg_t r;
-    zmq_msg_init(&r);
-    zmq_msg_copy(&r, rid);
-    zmq_msg_send(&r, f->router, ZMQ_SNDMORE);
-    zmq_send(f->router, buf, n, 0);
-    free(buf);
+    if (due_ms < 0) {
+        send_frame(f, rid, buf, n);
+        free(buf);
+        return;
+    }
+    if (f->nheld == MAX_HELD)
+        abort();
+    held_t *h = &f->held[f->nheld++];
+    zmq_msg_init(&h->rid);
+    zmq_msg_copy(&h->rid, rid);
+    h->buf = buf;
+    h->len = n;
+    h->due_ms = due_ms;
+}
+
+static void send_reply(fake_t *f, zmq_msg_t *rid, Kvd__Reply *rep)
+{
+    send_reply_at(f, rid, rep, -1);
+}
+
+/* Send the held replies that are due (all: those held until a status request too). */
+static void send_held(fake_t *f, int all)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < f->nheld; i++) {
+        held_t *h = &f->held[i];
+        if (all || (h->due_ms && now_ms() >= h->due_ms)) {
+            send_frame(f, &h->rid, h->buf, h->len);
+            zmq_msg_close(&h->rid);
+            free(h->buf);
+        } else {
+            f->held[k++] = *h;
+        }
+    }
+    f->nheld = k;
 }
 
 /* The mode's HelloRep. */
@@ -232,8 +324,14 @@ static void fake_answer(fake_t *f, zmq_msg_t *rid, const Kvd__Request *req)
         }
         return;
     case KVD__REQUEST__BODY_STATUS:
+        send_held(f, 1);
         if (f->nstatus < MAX_SEEN)
             f->status_epoch[f->nstatus++] = req->completed_epoch;
+        while (f->status_copies > 1) { /* the extra copies; the last one below */
+            f->status_copies--;
+            send_status(f, rid, req->id);
+        }
+        f->status_copies = 0;
         if (f->hold_status && !f->held_id) {
             f->hold_status = 0;
             f->held_id = req->id;
@@ -245,26 +343,45 @@ static void fake_answer(fake_t *f, zmq_msg_t *rid, const Kvd__Request *req)
         return;
     case KVD__REQUEST__BODY_ALLOC: /* one page more than asked, or ids past the directory */
         a.n_pages = req->alloc->count + 1 <= 4 ? req->alloc->count + 1 : 4;
-        if (f->alloc_page >= f->pages)
+        if (f->alloc_page >= f->pages || f->honest_alloc)
             a.n_pages = req->alloc->count <= 4 ? req->alloc->count : 4;
         for (size_t i = 0; i < a.n_pages; i++)
             pages[i] = f->alloc_page + (uint32_t)i;
         a.pages = pages;
         rep.body_case = KVD__REPLY__BODY_ALLOC;
         rep.alloc = &a;
+        if (f->garbage_alloc) { /* field 0x1fffffff, wire type 7: does not decode */
+            f->garbage_alloc = 0;
+            send_frame(f, rid, "\xff\xff\xff\xff\x0f", 5);
+        }
+        if (f->hold_alloc) {
+            send_reply_at(f, rid, &rep, 0);
+            return;
+        }
         break;
     case KVD__REQUEST__BODY_LOOKUP: /* one page, but two pages' worth of tokens matched */
         pages[0] = 5;
         l.pages = pages;
         l.n_pages = 1;
         l.tokens_matched = 2 * f->g.page_tokens;
+        for (uint32_t i = 0; f->lookup_pages && i < f->lookup_pages && i < 4; i++)
+            pages[i] = 5 + i, l.n_pages = i + 1, l.tokens_matched = (i + 1) * f->g.page_tokens;
         rep.body_case = KVD__REPLY__BODY_LOOKUP;
         rep.lookup = &l;
         break;
     case KVD__REQUEST__BODY_SEAL: /* the content "moved" to a page past the directory */
-        sl.page = f->pages;
+        sl.page = f->seal_honest ? req->seal->page : f->pages;
+        if (f->nseal < MAX_SEEN)
+            f->seal_prev[f->nseal++] = req->seal->has_prev ? req->seal->prev : KVP_NO_PAGE;
         rep.body_case = KVD__REPLY__BODY_SEAL;
         rep.seal = &sl;
+        if (f->seal_to != KVP_NO_PAGE) { /* a dedupe, answered late */
+            sl.page = f->seal_to;
+            sl.deduplicated = 1;
+            f->seal_to = KVP_NO_PAGE;
+            send_reply_at(f, rid, &rep, now_ms() + f->seal_delay_ms);
+            return;
+        }
         break;
     case KVD__REQUEST__BODY_HEARTBEAT: /* an epoch below the hello's */
         hb.epoch = HELLO_EPOCH - 7;
@@ -273,6 +390,12 @@ static void fake_answer(fake_t *f, zmq_msg_t *rid, const Kvd__Request *req)
         rep.heartbeat = &hb;
         break;
     case KVD__REQUEST__BODY_RELEASE:
+        if (f->release_fail > 0) {
+            f->release_fail--;
+            rep.status = KVD__STATUS__NOMEM;
+            rep.message = "fake: out of memory building the reply";
+            break;
+        }
         for (size_t i = 0; i < req->release->n_pages && f->nreleased < MAX_SEEN; i++)
             f->released[f->nreleased++] = req->release->pages[i];
         rl.released = (uint32_t)req->release->n_pages;
@@ -293,7 +416,8 @@ static void *fake_router(void *arg)
     fake_t *f = arg;
     while (!f->stop) {
         zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, 20) <= 0)
+        send_held(f, 0);
+        if (zmq_poll(&it, 1, f->nheld ? 2 : 20) <= 0)
             continue;
         zmq_msg_t rid, pl;
         zmq_msg_init(&rid);
@@ -310,6 +434,10 @@ static void *fake_router(void *arg)
     }
     if (f->held_id)
         zmq_msg_close(&f->held_rid);
+    for (size_t i = 0; i < f->nheld; i++) {
+        zmq_msg_close(&f->held[i].rid);
+        free(f->held[i].buf);
+    }
     return NULL;
 }
 
@@ -321,6 +449,8 @@ static void fake_fds_one(fake_t *f, int s)
         usleep(1500 * 1000);
         return;
     }
+    if (f->mode == FDS_REFUSE) /* what kvd does for a pid with no session: close */
+        return;
     const uint64_t pb = kv_page_bytes(&f->g, KV_FMT_FP8);
     int fds[9], n = f->mode == TOO_MANY ? 9 : 2;
     fds[0] = memfd_of("fake-dir", (size_t)f->pages * sizeof(kv_dir_entry_t));
@@ -351,7 +481,7 @@ static void fake_fds_one(fake_t *f, int s)
 static void *fake_fds(void *arg)
 {
     fake_t *f = arg;
-    while (!f->stop) {
+    while (!f->stop && f->listen_fd >= 0) {
         struct pollfd p = {.fd = f->listen_fd, .events = POLLIN};
         if (poll(&p, 1, 20) <= 0)
             continue;
@@ -364,10 +494,40 @@ static void *fake_fds(void *arg)
     return NULL;
 }
 
+/* FDS_DIED: the fd socket belongs to a process of its own (SO_PEERCRED names the process that
+ * called listen()), which accepts one connection and exits with nothing sent, as a daemon
+ * killed mid-handover does. */
+static void fake_fds_die(fake_t *f)
+{
+    close(f->listen_fd);
+    f->listen_fd = -1;
+    unlink(f->fds_path);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    f->fds_child = fork();
+    assert_true(f->fds_child >= 0);
+    if (f->fds_child == 0) { /* async-signal-safe calls only: the parent has threads */
+        int l = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        memcpy(sa.sun_path, f->fds_path, strlen(f->fds_path) + 1);
+        if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(l, 4) != 0)
+            _exit(1);
+        if (write(ready[1], "r", 1) != 1)
+            _exit(1);
+        accept(l, NULL, NULL);
+        _exit(0); /* the kernel closes the connection: EOF, nothing sent */
+    }
+    char b;
+    close(ready[1]);
+    assert_int_equal(read(ready[0], &b, 1), 1);
+    close(ready[0]);
+}
+
 static void fake_start(fake_t *f, int mode)
 {
     memset(f, 0, sizeof *f);
     f->mode = mode;
+    f->seal_to = KVP_NO_PAGE;
     f->g = (kv_geom_t){1, 1, 64, 16, 1};
     f->pages = 8;
     itest_tmpdir(f->dir, sizeof f->dir, "kvd-it-fake");
@@ -375,14 +535,17 @@ static void fake_start(fake_t *f, int mode)
     snprintf(f->fds_path, sizeof f->fds_path, "%s/kvd.sock.fds", f->dir);
     f->ctx = zmq_ctx_new();
     f->router = zmq_socket(f->ctx, ZMQ_ROUTER);
-    int linger = 0;
+    int linger = 0, hwm = 0; /* status_copies: a ROUTER drops what goes over its HWM */
     zmq_setsockopt(f->router, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(f->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
     assert_int_equal(zmq_bind(f->router, f->ep), 0);
     f->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", f->fds_path);
     assert_int_equal(bind(f->listen_fd, (struct sockaddr *)&sa, sizeof sa), 0);
     assert_int_equal(listen(f->listen_fd, 4), 0);
+    if (mode == FDS_DIED)
+        fake_fds_die(f);
 }
 
 static void fake_run(fake_t *f)
@@ -396,7 +559,10 @@ static void fake_stop(fake_t *f)
     f->stop = 1;
     pthread_join(f->zt, NULL);
     pthread_join(f->ft, NULL);
-    close(f->listen_fd);
+    if (f->listen_fd >= 0)
+        close(f->listen_fd);
+    if (f->fds_child > 0)
+        waitpid(f->fds_child, NULL, 0);
     zmq_close(f->router);
     zmq_ctx_term(f->ctx);
     itest_rmtree(f->dir);
@@ -453,6 +619,8 @@ static void test_kvc_faults(void **state)
     expect(NO_DIR, KV_ERR_MALFORMED, "no directory");
     expect(NO_FP8, KV_ERR_MALFORMED, "no FP8 pool");
     expect(SESSION_0, KV_ERR_MALFORMED, "session 0");
+    expect(FDS_DIED, KV_ERR_UNAVAILABLE, "exited during the fd handover");
+    expect(FDS_REFUSE, KV_ERR_PERMISSION_DENIED, "knows no session of our pid");
 }
 
 /* A timed-out fd handover with stale SCM_RIGHTS-looking bytes in the control buffer: the fd
@@ -561,6 +729,208 @@ static void test_reply_lies(void **state)
                  fds0);
 }
 
+/* A client of f with a short timeout, said hello (retried: the fd handover shares the
+ * timeout, and the machine may be loaded). */
+static kvc_t *fast_client(fake_t *f, int timeout_ms)
+{
+    kvc_t *c = NULL;
+    assert_int_equal(kvc_connect(&c, f->ep, timeout_ms), KV_ERR_OK);
+    kv_err_t e = KV_ERR_TIMEOUT;
+    for (int i = 0; i < 20 && e == KV_ERR_TIMEOUT; i++)
+        e = kvc_hello(c, NULL, "fast", 1);
+    assert_int_equal(e, KV_ERR_OK);
+    return c;
+}
+
+/* A call answered in order after everything sent before it (so the fake has seen those). */
+static void sync_with(kvc_t *c)
+{
+    kv_err_t e = KV_ERR_TIMEOUT;
+    for (int i = 0; i < 20 && e == KV_ERR_TIMEOUT; i++)
+        e = kvc_heartbeat(c, 0);
+    assert_int_equal(e, KV_ERR_OK);
+}
+
+/* Round 2, item 1: 70 allocs time out, and their replies come after all of them. Each reply's
+ * page is released: the late list held 64 and forgot the oldest, whose reply was then kept as
+ * an unclaimed one, its reference never released (64 releases, not 70). */
+static void test_late_list_unbounded(void **state)
+{
+    (void)state;
+    enum { N = 70 };
+    fake_t f;
+    fake_start(&f, GOOD);
+    f.honest_alloc = 1;
+    f.alloc_page = 2;
+    fake_run(&f);
+    kvc_t *c = fast_client(&f, 30);
+    f.hold_alloc = 1; /* read by the router for requests sent after this line */
+    uint32_t pg[1];
+    for (int i = 0; i < N; i++)
+        assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, pg), KV_ERR_TIMEOUT);
+    /* a status request brings the 70 replies first; its own reply comes after them */
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
+    req.body_case = KVD__REQUEST__BODY_STATUS;
+    req.status = &st;
+    Kvd__Reply *rep = NULL;
+    kvc_call(c, &req, &rep); /* OK or, on a slow machine, TIMEOUT: the replies come anyway */
+    kvc_reply_free(&rep);
+    sync_with(c); /* its reply comes after the 70: their releases are sent by then... */
+    sync_with(c); /* ...and read by the fake before this one */
+    kvc_close(&c);
+    fake_stop(&f);
+    print_message("%zu of %d late alloc replies released\n", f.nreleased, N);
+    assert_int_equal(f.nreleased, N);
+    for (size_t i = 0; i < f.nreleased; i++)
+        assert_int_equal(f.released[i], 2);
+}
+
+/* Round 2, item 2: a seal of page 2 times out, and its reply comes later: a dedupe to page 6,
+ * where the daemon moved our reference. A seal naming 2 as prev and a release of 2 must name
+ * 6 (they named 2: the release would fail at a real daemon, and 6's reference leak); both wait
+ * for the seal's reply, which arrives while they do. Once an alloc returns 2 again, 2 is 2. */
+static void test_seal_timeout_dedupe(void **state)
+{
+    (void)state;
+    fake_t f;
+    fake_start(&f, GOOD);
+    f.honest_alloc = 1;
+    f.alloc_page = 2;
+    f.seal_honest = 1;
+    f.seal_delay_ms = 300;
+    fake_run(&f);
+    kvc_t *c = fast_client(&f, 200);
+    uint32_t tok[16] = {0}, out = 99, pg[2] = {1, 2};
+    f.seal_to = 6;
+    assert_int_equal(kvc_seal(c, 2, KVP_NO_PAGE, tok, 16, NULL, 0, &out), KV_ERR_TIMEOUT);
+    assert_int_equal(out, 99);
+    /* at once: the seal's reply is due 100 ms after this call's wait begins */
+    assert_int_equal(kvc_seal(c, 3, 2, tok, 16, NULL, 0, &out), KV_ERR_OK);
+    assert_int_equal(out, 3);
+    assert_int_equal(kvc_release(c, pg, 2), KV_ERR_OK);
+    /* page 2 reused: an alloc names it again, and a release of it is a release of it */
+    uint32_t again = 0;
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, &again), KV_ERR_OK);
+    assert_int_equal(again, 2);
+    assert_int_equal(kvc_release(c, &again, 1), KV_ERR_OK);
+    kvc_close(&c);
+    fake_stop(&f);
+    char rel[128];
+    released_str(&f, rel, sizeof rel);
+    print_message("released: %s; prev of the second seal: %u\n", rel, f.seal_prev[1]);
+    assert_int_equal(f.nseal, 2);
+    assert_int_equal(f.seal_prev[1], 6);
+    assert_string_equal(rel, "1,6,2");
+}
+
+/* Round 2, item 3: a frame that does not decode comes before an alloc's reply. The alloc
+ * fails (MALFORMED), and its reply, arriving during the next call, is released: it was kept
+ * as an unclaimed reply for ever, with its page's reference. */
+static void test_undecodable_frame(void **state)
+{
+    (void)state;
+    fake_t f;
+    fake_start(&f, GOOD);
+    f.honest_alloc = 1;
+    f.alloc_page = 4;
+    fake_run(&f);
+    kvc_t *c = fast_client(&f, 1000);
+    f.garbage_alloc = 1;
+    uint32_t pg[1];
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, pg), KV_ERR_MALFORMED);
+    assert_non_null(strstr(kvc_errmsg(c), "did not decode"));
+    sync_with(c); /* receives the alloc's reply, sends its release */
+    sync_with(c); /* the fake has read the release */
+    kvc_close(&c);
+    fake_stop(&f);
+    char rel[128];
+    released_str(&f, rel, sizeof rel);
+    assert_string_equal(rel, "4");
+}
+
+/* Round 2, item 3: a reply of another protocol version is refused, naming both versions (it
+ * was read as version 1). */
+static void test_reply_version(void **state)
+{
+    (void)state;
+    fake_t f;
+    fake_start(&f, GOOD);
+    fake_run(&f);
+    kvc_t *c = fast_client(&f, 1000);
+    f.reply_version = 2;
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
+    req.body_case = KVD__REQUEST__BODY_STATUS;
+    req.status = &st;
+    Kvd__Reply *rep = NULL;
+    assert_int_equal(kvc_call(c, &req, &rep), KV_ERR_VERSION_MISMATCH);
+    assert_null(rep);
+    print_message("%s\n", kvc_errmsg(c));
+    assert_non_null(strstr(kvc_errmsg(c), "protocol version 2"));
+    assert_non_null(strstr(kvc_errmsg(c), "speaks version 1"));
+    assert_int_equal(kvc_call(c, &req, &rep), KV_ERR_OK); /* the next reply is version 1 */
+    kvc_reply_free(&rep);
+    kvc_close(&c);
+    fake_stop(&f);
+}
+
+/* Round 2, item 3: one request answered 70 000 times. The replies nobody claims are bounded
+ * (65 536): the call that meets the next one fails, explained (they piled up unbounded). */
+static void test_stash_bound(void **state)
+{
+    (void)state;
+    fake_t f;
+    fake_start(&f, GOOD);
+    fake_run(&f);
+    kvc_t *c = fast_client(&f, 5000);
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
+    req.body_case = KVD__REQUEST__BODY_STATUS;
+    req.status = &st;
+    f.status_copies = 70000;
+    uint64_t id;
+    assert_int_equal(kvc_send(c, &req, &id), KV_ERR_OK);
+    const kv_err_t e = kvc_heartbeat(c, 0);
+    print_message("heartbeat: %d: %s\n", (int)e, kvc_errmsg(c));
+    assert_int_equal(e, KV_ERR_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(kvc_errmsg(c), "65536 replies are already waiting"));
+    Kvd__Reply *rep = NULL; /* the request's own reply is still there to be claimed */
+    assert_int_equal(kvc_recv(c, id, &rep), KV_ERR_OK);
+    kvc_reply_free(&rep);
+    kvc_close(&c);
+    fake_stop(&f);
+}
+
+/* Round 2, item 4: a lookup returns 3 pages for a cap of 1, and the release of the 2 beyond
+ * the cap fails (NOMEM: not applied). The call fails and all 3 are given back (page 5, the one
+ * within the cap, was neither returned nor released). */
+static void test_lookup_cap_release_fails(void **state)
+{
+    (void)state;
+    fake_t f;
+    fake_start(&f, GOOD);
+    f.lookup_pages = 3;
+    fake_run(&f);
+    kvc_t *c = fast_client(&f, 1000);
+    f.release_fail = 1; /* the first one, of the 2 pages beyond the cap */
+    uint32_t tok[48] = {0}, pg[1] = {99}, matched = 99;
+    size_t np = 99;
+    const kv_err_t e = kvc_lookup(c, tok, 48, NULL, 0, 0, pg, 1, &np, &matched);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", kvc_errmsg(c));
+    print_message("lookup: %d: %s\n", (int)e, msg);
+    sync_with(c);
+    kvc_close(&c);
+    fake_stop(&f);
+    char rel[128];
+    released_str(&f, rel, sizeof rel);
+    assert_string_equal(rel, "5,6,7");
+    assert_int_equal(e, KV_ERR_NOMEM);
+    assert_int_equal(np, 0);
+    assert_non_null(strstr(msg, "all the pages were given back"));
+}
+
 /* What a caller holds after kvc_close(&c) (or a failed kvc_connect) is NULL: a second close
  * is a no-op, every call is INVALID_ARGUMENT and every accessor 0 / NULL, not a crash. */
 static void test_calls_after_close(void **state)
@@ -638,6 +1008,12 @@ int main(void)
         cmocka_unit_test(test_stale_cmsg_after_timeout),
         cmocka_unit_test(test_reply_lies),
         cmocka_unit_test(test_calls_after_close),
+        cmocka_unit_test(test_late_list_unbounded),
+        cmocka_unit_test(test_seal_timeout_dedupe),
+        cmocka_unit_test(test_undecodable_frame),
+        cmocka_unit_test(test_reply_version),
+        cmocka_unit_test(test_stash_bound),
+        cmocka_unit_test(test_lookup_cap_release_fails),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
