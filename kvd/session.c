@@ -135,23 +135,21 @@ int kvd_core_session_close(kvd_core_t *c, uint64_t sid)
     if (!s)
         return kvd__fail(c, KV_ERR_NO_SESSION, "session %llu does not exist",
                          (unsigned long long)sid);
+    /* Both maps drained with kvd_map_pop: restarting kvd_map_next at slot 0 after every
+     * delete made a close quadratic in the map's size (65536 loose pages: 9.8 s of a blocked
+     * loop, measured in review). seq_drop deletes the sequence from s->seqs again: a no-op. */
     uint64_t pos = 0, k, v;
-    while (s->seqs.len) {
-        pos = 0;
-        kvd_map_next(&s->seqs, &pos, &k, &v);
+    while (kvd_map_pop(&s->seqs, &pos, &k, &v))
         seq_drop(c, s, kvd__seq_get(c, k), 0);
-    }
     /* Loose refs: copy nothing, just drain the map key by key. */
-    while (s->loose.len) {
-        pos = 0;
-        kvd_map_next(&s->loose, &pos, &k, &v);
+    pos = 0;
+    while (kvd_map_pop(&s->loose, &pos, &k, &v)) {
         uint32_t lid = (uint32_t)k;
         kvd_lpage_t *p = &c->lp[lid];
         if (p->req_loose < v)
             KVD_PANIC("loose refcount of logical page %u below zero", lid);
         int was_open = p->state == KVD_PAGE_OPEN;
         p->req_loose -= (uint32_t)v;
-        kvd_map_del(&s->loose, k);
         kvd__count_add(&s->held, lid, -(int64_t)v);
         c->st.reclaimed_refs += v;
         kvd__refs_changed(c, lid);

@@ -227,6 +227,25 @@ int kvd_map_del(kvd_map_t *m, uint64_t key)
     return 1;
 }
 
+/* Every slot below *pos is empty (the earlier pops emptied them, and a deletion's backward shift
+ * moves entries only into its hole or later holes of the same run, never below the slot it
+ * deleted: a run that wraps past the end would have to start in a slot below *pos). So the slot
+ * just emptied is looked at again (an entry may have moved into it) and the scan never goes
+ * back. */
+int kvd_map_pop(kvd_map_t *m, uint64_t *pos, uint64_t *key, uint64_t *val)
+{
+    for (; *pos < m->cap; (*pos)++) {
+        if (m->keys[*pos] != KVD_MAP_EMPTY) {
+            *key = m->keys[*pos];
+            if (val)
+                *val = m->vals[*pos];
+            kvd_map_del(m, *key);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int kvd_map_next(const kvd_map_t *m, uint64_t *pos, uint64_t *key, uint64_t *val)
 {
     for (; *pos < m->cap; (*pos)++) {

@@ -97,5 +97,10 @@ int kvd_map_del(kvd_map_t *m, uint64_t key);
 /* Iterate: start with *pos = 0; returns 1 and fills key/val while entries remain. Do not modify
  * the map during iteration. */
 int kvd_map_next(const kvd_map_t *m, uint64_t *pos, uint64_t *key, uint64_t *val);
+/* Drain: start with *pos = 0; removes one entry and returns 1 with its key/val, 0 when the map
+ * is empty. Draining a whole map costs O(cap + len) (restarting kvd_map_next at 0 after every
+ * kvd_map_del costs O(cap) per entry). Between pops the caller may delete other keys but must
+ * not insert. */
+int kvd_map_pop(kvd_map_t *m, uint64_t *pos, uint64_t *key, uint64_t *val);
 
 #endif /* KVD_UTIL_H */

@@ -1,5 +1,5 @@
 /* test_util.c — kvd/util.c: the u64 map against a plain array under random churn (the
- * backward-shift deletion is the subtle part), reserve making inserts infallible, the
+ * backward-shift deletion is the subtle part), draining it with kvd_map_pop, reserve making inserts infallible, the
  * allocation wrapper's fail-after-N hook and live counter.
  */
 #include <setjmp.h>
@@ -91,10 +91,54 @@ static void test_reserve_and_fail_hook(void **state)
     assert_int_equal(kvd_alloc_live(), live0);
 }
 
+/* kvd_map_pop drains every entry exactly once with its value, while the caller deletes other
+ * keys between pops (as a session close does), at fill levels from sparse to the 3/4 bound
+ * where probe runs are long and wrap past the end; the scan position never passes the end. */
+static void test_map_pop_drains(void **state)
+{
+    (void)state;
+    srand(7);
+    for (int round = 0; round < 200; round++) {
+        kvd_map_t m;
+        kvd_map_init(&m);
+        int present[UNIVERSE] = {0}, popped[UNIVERSE] = {0};
+        const int n = 1 + rand() % UNIVERSE;
+        for (int i = 0; i < n; i++) {
+            const int k = rand() % UNIVERSE;
+            assert_int_equal(kvd_map_put(&m, (uint64_t)k, (uint64_t)k * 3 + 1), 0);
+            present[k] = 1;
+        }
+        uint64_t pos = 0, k, v, last = 0;
+        int left = 0;
+        for (int i = 0; i < UNIVERSE; i++)
+            left += present[i];
+        while (kvd_map_pop(&m, &pos, &k, &v)) {
+            assert_true(k < UNIVERSE && present[k] && !popped[k]);
+            assert_int_equal(v, k * 3 + 1);
+            assert_true(pos >= last && pos < m.cap);
+            last = pos;
+            popped[k] = 1;
+            present[k] = 0;
+            left--;
+            if (rand() % 4 == 0) { /* the caller deletes another key meanwhile */
+                const int o = rand() % UNIVERSE;
+                assert_int_equal(kvd_map_del(&m, (uint64_t)o), present[o]);
+                left -= present[o];
+                present[o] = 0;
+            }
+            assert_int_equal(m.len, (uint64_t)left);
+        }
+        assert_int_equal(left, 0);
+        assert_int_equal(m.len, 0);
+        kvd_map_fini(&m);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_map_random_churn),
+        cmocka_unit_test(test_map_pop_drains),
         cmocka_unit_test(test_reserve_and_fail_hook),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
