@@ -2,10 +2,14 @@
  * label format="fp8"|"tq3"), kvd_rpc_* for the server's own figures. */
 #include "metrics.h"
 
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "log.h"
+#include "util.h"
 
 static const uint64_t kvd_lat_us[KVD_LAT_NB] = KVD_LAT_BUCKETS_US;
 
@@ -150,8 +154,8 @@ static void kvd_http_handle_closed(uv_handle_t *h)
 {
     kvd_http_conn_t *c = h->data;
     if (--c->handles == 0) {
-        free(c->resp);
-        free(c);
+        kvd_free(c->resp);
+        kvd_free(c);
     }
 }
 
@@ -216,7 +220,7 @@ static void kvd_http_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     }
     size_t bl = body ? strlen(body) : 0;
     size_t cap = bl + 256;
-    c->resp = malloc(cap);
+    c->resp = kvd_malloc(cap);
     if (!c->resp) {
         free(body);
         kvd_http_conn_close(c);
@@ -235,14 +239,57 @@ static void kvd_http_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         kvd_http_conn_close(c);
 }
 
+/* The connection of last resort. A connection callback that leaves its connection unaccepted
+ * makes libuv stop watching the listening socket until uv_accept is called: returning on an
+ * allocation failure ended the metrics endpoint for the daemon's life. So a connection whose
+ * memory cannot be had is still accepted, into this handle, and closed at once (the scraper
+ * sees the connection close and retries at its next interval). Static because this path must
+ * need no memory; a daemon has one listener. While the handle closes (until the next loop
+ * iteration) a second such connection waits, the listener paused, and is taken from the close
+ * callback: nothing is left unaccepted for good. */
+static uv_tcp_t kvd_http_spare;
+static int kvd_http_spare_busy;
+static uv_stream_t *kvd_http_spare_next; /* a listener whose connection waits for the spare */
+static uint64_t kvd_http_nomem;          /* connections closed for want of memory */
+
+static void kvd_http_accept(uv_stream_t *srv, int status);
+
+static void kvd_http_spare_closed(uv_handle_t *hd)
+{
+    kvd_http_spare_busy = 0;
+    uv_stream_t *next = kvd_http_spare_next;
+    kvd_http_spare_next = NULL;
+    if (next)
+        kvd_http_accept(next, 0);
+}
+
+static void kvd_http_refuse(uv_stream_t *srv)
+{
+    if (kvd_http_spare_busy) {
+        kvd_http_spare_next = srv;
+        return;
+    }
+    kvd_http_nomem++;
+    if (uv_tcp_init(srv->loop, &kvd_http_spare) != 0)
+        return; /* cannot fail on Linux (no allocation, no socket until accept) */
+    kvd_http_spare_busy = 1;
+    if (uv_accept(srv, (uv_stream_t *)&kvd_http_spare) != 0)
+        KVD_LOGD("metrics: uv_accept of a refused connection failed");
+    uv_close((uv_handle_t *)&kvd_http_spare, kvd_http_spare_closed);
+    KVD_LOGW("metrics: out of memory for a connection: closed it (%" PRIu64 " so far)",
+             kvd_http_nomem);
+}
+
 static void kvd_http_accept(uv_stream_t *srv, int status)
 {
     kvd_http_t *h = srv->data;
     if (status < 0)
         return;
-    kvd_http_conn_t *c = calloc(1, sizeof *c);
-    if (!c)
+    kvd_http_conn_t *c = kvd_calloc(1, sizeof *c);
+    if (!c) {
+        kvd_http_refuse(srv);
         return;
+    }
     c->srv = h;
     uv_tcp_init(srv->loop, &c->tcp);
     uv_timer_init(srv->loop, &c->idle);
@@ -305,6 +352,8 @@ int kvd_http_start(kvd_http_t *h, uv_loop_t *loop, const char *addr, int port,
 
 void kvd_http_stop(kvd_http_t *h)
 {
+    if (kvd_http_spare_next == (uv_stream_t *)&h->tcp) /* closing: nothing to accept for it */
+        kvd_http_spare_next = NULL;
     if (h->active && !uv_is_closing((uv_handle_t *)&h->tcp))
         uv_close((uv_handle_t *)&h->tcp, NULL);
     h->active = 0;
