@@ -53,7 +53,15 @@
     XX(epoch_ms, U64, 1, 60000, "", "10", 1, none,                                                 \
        "period of the epoch / deferred-free collector")                                            \
     XX(max_msg_bytes, U64, 0, UINT64_MAX, "", "0", 0, none,                                        \
-       "ZMQ_MAXMSGSIZE of the control socket (0: unlimited)")                                      \
+       "largest control message in bytes, ZMQ_MAXMSGSIZE (a bigger one drops its connection); "    \
+       "0: the largest request max_tokens, page_tokens and the pools allow, plus 4 KiB, "          \
+       "computed at startup (4198695 with the defaults); >= 2^63: unlimited")                     \
+    XX(reply_hwm, U64, 0, 1048576, "", "256", 0, none,                                             \
+       "replies queued per client connection that does not read them; beyond it a reply is "      \
+       "dropped, logged and counted (replies_dropped); 0: unlimited")                             \
+    XX(request_hwm, U64, 0, 1048576, "", "16", 0, none,                                            \
+       "requests queued per client connection before kvd stops reading that connection (the "     \
+       "client waits: nothing is lost); 0: unlimited")                                            \
     XX(max_alloc, U64, 1, 1048576, "", "4096", 1, none, "max pages in one alloc request")          \
     XX(max_tokens, U64, 1, 67108864, "", "1048576", 1, none, "max tokens in one lookup request")   \
     XX(max_sessions_per_pid, U64, 1, 65536, "", "64", 1, none,                                     \
@@ -73,11 +81,12 @@
     XX(events_endpoint, STR, 0, 0, "", "", 0, pub,                                                 \
        "PUB endpoint of index events for KV-aware routers (ipc://PATH or tcp://HOST:PORT; "        \
        "empty: off)")                                                                              \
-    XX(events_hwm, U64, 0, 1048576, "", "10000", 0, none,                                          \
-       "events send high-water mark in messages per subscriber (0: unlimited); beyond it a slow "  \
-       "subscriber loses messages and sees a sequence gap")                                        \
+    XX(events_hwm, U64, 0, 1048576, "", "4096", 0, none,                                           \
+       "event messages (each at most 16 KiB) queued per subscriber (4096: at most ~64 MiB); "      \
+       "beyond it a slow subscriber loses messages and sees a sequence gap; 0: unlimited")         \
     XX(events_batch, U64, 1, 65536, "", "1024", 1, none,                                           \
-       "max index event entries per published message (one message per loop iteration below)")     \
+       "max index event entries per published message, which also stops at 16 KiB (one "          \
+       "message per loop iteration below)")                                                        \
     XX(events_tokens, BOOL, 0, 0, "", "yes", 1, none,                                              \
        "STORED events carry the page's token ids and extra (routers need them: chain hashes are "  \
        "keyed by the secret namespace salt)")                                                      \

@@ -17,7 +17,10 @@
  * pipelined client is 32 requests in one drain of the ROUTER; one message costs one protobuf
  * header, one topic frame and one wake-up of every subscriber instead of 32, and the order of
  * entries is still the order the index changed. batch_max bounds a message (and the memory a
- * huge admin evict queues) without reordering anything.
+ * huge admin evict queues) without reordering anything, and so does KVD_EVENTS_MSG_BYTES: each
+ * entry carries an upper bound of its encoded size (`wire`), a batch closes before the entry
+ * that would take it over the message budget, so a subscriber's queue of hwm messages has a
+ * stated size whatever events_batch and the page size are (events.h "Memory").
  */
 #include "events.h"
 
@@ -43,6 +46,7 @@ typedef struct ev_ent_s {
     uint32_t ntok;  /* token count of the page (STORED) */
     uint32_t nids;  /* token ids stored in tok[] for this entry (0 when tokens are off) */
     uint32_t xlen;
+    uint32_t wire;  /* upper bound of the entry's encoded bytes inside the Event message */
     size_t tok_off, xb_off;
     uint8_t hash[KVD_HASH_BYTES];
     uint8_t parent[KVD_HASH_BYTES];
@@ -58,6 +62,8 @@ struct kvd_events_s {
     uint64_t instance, seq;
     int tokens;
     uint32_t batch_max;
+    size_t budget;     /* entry bytes per message: KVD_EVENTS_MSG_BYTES less the header */
+    size_t pend_bytes; /* sum of `wire` over the pending entries */
     ev_ent_t *ent;
     size_t n, cap;
     uint32_t *tok;
@@ -95,6 +101,30 @@ static uint64_t realtime_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static size_t varint_bytes(uint64_t v)
+{
+    size_t n = 1;
+    for (; v >= 128; v >>= 7)
+        n++;
+    return n;
+}
+
+/* Encoded-size bounds (proto/kvd.proto EventEntry and Event, every varint at its widest): an
+ * entry without token ids or extra is kind, hash, parent, format, tokens, page and reason,
+ * framed in Event.entries (tag + a length of ≤ 3 bytes: an entry is < 2 MiB). */
+#define EV_ENT_FIXED ((1 + 1) + (1 + 1 + KVD_HASH_BYTES) * 2 + (1 + 1) + (1 + 5) * 2 + (1 + 1))
+#define EV_ENT_FRAME (1 + 3)
+
+static uint32_t ent_wire(uint32_t nids, size_t xlen)
+{
+    size_t w = EV_ENT_FIXED + EV_ENT_FRAME;
+    if (nids)
+        w += 1 + varint_bytes(5ull * nids) + 5ull * nids;
+    if (xlen)
+        w += 1 + varint_bytes(xlen) + xlen;
+    return (uint32_t)w;
 }
 
 /* A message that will never reach anyone: burn its sequence number so subscribers see a gap. */
@@ -179,30 +209,45 @@ void kvd_events_flush(kvd_events_t *e)
         return;
     size_t n = e->n;
     e->n = e->ntok = e->nxb = 0; /* the pools keep their bytes until the next push */
-    /* push() keeps a batch within batch_max, but an events_batch lowered at run time finds
-     * more than that pending: split, so that no message exceeds the setting */
-    size_t per = e->batch_max;
-    for (size_t at = 0; at < n; at += per)
-        publish(e, at, n - at < per ? n - at : per);
+    e->pend_bytes = 0;
+    /* push() keeps a batch within batch_max and the byte budget, but an events_batch lowered
+     * at run time finds more than that pending: split, so that no message exceeds either */
+    for (size_t at = 0; at < n;) {
+        size_t k = 0, bytes = 0;
+        while (at + k < n && k < e->batch_max &&
+               (k == 0 || bytes + e->ent[at + k].wire <= e->budget))
+            bytes += e->ent[at + k++].wire;
+        publish(e, at, k);
+        at += k;
+    }
 }
 
-/* Reserve one pending entry (flushing first when the batch is full). NULL on allocation
- * failure: the caller counts the loss. */
-static ev_ent_t *push(kvd_events_t *e)
+/* Reserve one pending entry of at most `wire` encoded bytes (flushing first when the batch is
+ * full in entries or in bytes). NULL on allocation failure: the caller counts the loss. */
+static ev_ent_t *push(kvd_events_t *e, uint32_t wire)
 {
-    if (e->n >= e->batch_max)
+    if (e->n >= e->batch_max || (e->n && e->pend_bytes + wire > e->budget))
         kvd_events_flush(e);
     if (grow((void **)&e->ent, &e->cap, e->n + 1, sizeof *e->ent) != 0)
         return NULL;
     ev_ent_t *s = &e->ent[e->n];
     memset(s, 0, sizeof *s);
+    s->wire = wire;
     return s;
+}
+
+/* The entry push() returned is complete: it joins the batch. */
+static void commit(kvd_events_t *e, const ev_ent_t *s)
+{
+    e->pend_bytes += s->wire;
+    e->n++;
 }
 
 void kvd_events_hook(const kvd_index_ev_t *ev, void *ud)
 {
     kvd_events_t *e = ud;
-    ev_ent_t *s = push(e);
+    const int ids = ev->kind == KVD_INDEX_EV_STORED && !ev->restored && e->tokens;
+    ev_ent_t *s = push(e, ent_wire(ids ? ev->ntok : 0, ids ? ev->extra_len : 0));
     if (!s) {
         lose(e, 1);
         return;
@@ -251,12 +296,12 @@ void kvd_events_hook(const kvd_index_ev_t *ev, void *ud)
     default:
         KVD_PANIC("index event of unknown kind %d", (int)ev->kind);
     }
-    e->n++;
+    commit(e, s);
 }
 
 static void clear(kvd_events_t *e, Kvd__EventEntry__Reason why)
 {
-    ev_ent_t *s = push(e);
+    ev_ent_t *s = push(e, ent_wire(0, 0));
     if (!s) {
         lose(e, 1);
         return;
@@ -264,7 +309,7 @@ static void clear(kvd_events_t *e, Kvd__EventEntry__Reason why)
     s->kind = KVD__EVENT_ENTRY__KIND__KIND_CLEARED;
     s->reason = (uint8_t)why;
     s->page = UINT32_MAX;
-    e->n++;
+    commit(e, s);
 }
 
 typedef struct announce_s {
@@ -277,7 +322,7 @@ typedef struct announce_s {
 static void announce_cb(const kvd_page_info_t *p, void *ud)
 {
     announce_t *a = ud;
-    ev_ent_t *s = push(a->e);
+    ev_ent_t *s = push(a->e, ent_wire(0, 0));
     if (!s) {
         lose(a->e, 1);
         return;
@@ -288,7 +333,7 @@ static void announce_cb(const kvd_page_info_t *p, void *ud)
     s->page = p->logical;
     s->ntok = a->ntok;
     memcpy(s->hash, p->hash, KVD_HASH_BYTES);
-    a->e->n++;
+    commit(a->e, s);
     a->n++;
 }
 
@@ -381,6 +426,10 @@ int kvd_events_init(kvd_events_t **out, uv_loop_t *loop, const kvd_events_opts_t
     e->instance = o->instance;
     e->tokens = o->tokens;
     e->batch_max = o->batch_max;
+    /* Event header at its widest: version, instance, seq, time_ns, namespace */
+    const size_t nslen = strlen(o->ns);
+    const size_t head = (1 + 5) + (1 + 10) * 3 + 1 + varint_bytes(nslen) + nslen;
+    e->budget = head < KVD_EVENTS_MSG_BYTES ? KVD_EVENTS_MSG_BYTES - head : 1;
     e->pub = zmq_socket(o->zctx, ZMQ_PUB);
     if (!e->pub) {
         snprintf(err, errlen, "events: zmq_socket(PUB) failed: %s", zmq_strerror(errno));

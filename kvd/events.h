@@ -7,9 +7,17 @@
  * ONE message [namespace][Event] before the loop next sleeps — a uv_check handle after the poll
  * phase (what the requests of one ROUTER drain changed goes out together) and a uv_prepare
  * handle before it (what timers, e.g. a lifecycle tick, changed) — or as soon as it holds
- * `batch_max` entries. Each message carries the next sequence number; an entry that cannot be
+ * `batch_max` entries or KVD_EVENTS_MSG_BYTES. Each message carries the next sequence number; an
+ * entry that cannot be
  * queued or sent (allocation failure, send error) burns a sequence number so that subscribers
  * see a gap, exactly as they do when PUB drops under its high-water mark.
+ *
+ * Memory: PUB queues up to `hwm` messages for each subscriber that does not read. A message is
+ * at most KVD_EVENTS_MSG_BYTES (or one entry, when a single STORED entry is larger: token ids
+ * of a page over ~3200 tokens), whatever events_batch, page_tokens and events_tokens are, so a
+ * stuck subscriber costs the daemon at most hwm × KVD_EVENTS_MSG_BYTES (decision 55:
+ * 4096 × 16 KiB = 64 MiB with the defaults, where 10000 messages of up to 1024 entries of
+ * ~425 bytes were ~4.3 GB).
  *
  * Thread: the loop thread only (the hook runs inside core calls on that thread).
  */
@@ -24,6 +32,12 @@
 #include "stats.h"
 
 typedef struct kvd_events_s kvd_events_t;
+
+/* Encoded Event message bound: header, namespace and entries (an upper-bound estimate of each
+ * entry's bytes is what is counted, so the packed message never exceeds it). The topic frame
+ * (the namespace) comes on top. Small enough that hwm × it is a sane worst case; large enough
+ * that the per-message overhead (~40 bytes, one wake-up per subscriber) stays under 1%. */
+#define KVD_EVENTS_MSG_BYTES 16384u
 
 typedef struct kvd_events_opts_s {
     void *zctx;            /* the daemon's ZeroMQ context (borrowed) */

@@ -121,6 +121,12 @@ struct kvd_server_s {
     int reply_at_stop;  /* kvd_server_stop answered a kvctl snapshot: flush it before close */
     uint64_t nomem_ops; /* KVD_TEST_REPLY_NOMEM: bit op set = reply allocations of op fail */
     int ar_fail;        /* the request being handled is one of them */
+    /* Memory bounds of the control socket (decision 54): the largest message it admits
+     * (ZMQ_MAXMSGSIZE, fixed at bind: 0 = unlimited) and the replies dropped because a client
+     * left reply_hwm of them unread (stats.h replies_dropped; the log line is rate-limited). */
+    uint64_t msg_bytes;
+    uint64_t msg_room; /* requests up to this size fit: msg_bytes less the slack when derived */
+    uint64_t replies_dropped, rdrop_unlogged, rdrop_log_ns;
 };
 _Static_assert(KVP_OP_COUNT <= 64, "nomem_ops has one bit per operation");
 
@@ -144,6 +150,56 @@ static void kvd_server_stats(kvd_server_t *s, kvd_stats_t *st)
     st->snapshot_in_flight = s->snap_job != NULL;
     st->snapshot_slices = s->snap_slices;
     st->snapshot_ends_on_loop = s->snap_ends_on_loop;
+    st->replies_dropped = s->replies_dropped;
+}
+
+/* ---- message size bound ------------------------------------------------------------------ */
+static uint64_t kvd_varint_bytes(uint64_t v)
+{
+    uint64_t n = 1;
+    for (; v >= 128; v >>= 7)
+        n++;
+    return n;
+}
+
+/* A length-delimited protobuf field: tag, length, payload. */
+static uint64_t kvd_ld_bytes(uint32_t field, uint64_t len)
+{
+    return kvd_varint_bytes((uint64_t)field << 3) + kvd_varint_bytes(len) + len;
+}
+
+/* The largest request a well-behaved client can send under these bounds (proto/kvd.proto,
+ * every varint at its widest, every optional field present): what max_msg_bytes = 0 admits,
+ * plus KVD_MSG_SLACK. The candidates are every request with a bound that grows: a lookup of
+ * max_tokens tokens (4 bytes each) with KVP_MAX_EXTRA of extra; a seal of page_tokens ids;
+ * a release or seq_append of max_pages ids below dir_entries; a hello or config_set with
+ * KVP_MAX_STRING strings. With the defaults the lookup decides: 4 194 599 bytes. */
+#define KVD_MSG_SLACK 4096u /* fields a newer client may append (they are appended, never
+                               renumbered); an unknown field costs a byte or two each */
+static uint64_t kvd_request_bytes_max(const kvp_limits_t *lim)
+{
+    const uint64_t u32 = 5, u64 = 10, str = KVP_MAX_STRING;
+    _Static_assert(KVP_VERSION < 128, "a one-byte version varint");
+    const uint64_t head = (1 + 1) + (1 + u64) + (1 + u64); /* version, id, completed_epoch */
+    const uint64_t lookup =
+        kvd_ld_bytes(1, 4ull * lim->max_tokens) + kvd_ld_bytes(2, KVP_MAX_EXTRA) + 2;
+    const uint64_t seal = (1 + u32) + 2 + (1 + u32) +
+                          kvd_ld_bytes(4, u32 * (lim->page_tokens ? lim->page_tokens : 4096)) +
+                          kvd_ld_bytes(5, KVP_MAX_EXTRA);
+    const uint64_t ids = (uint64_t)lim->max_pages *
+                         kvd_varint_bytes(lim->dir_entries ? lim->dir_entries - 1 : UINT32_MAX);
+    const uint64_t release = kvd_ld_bytes(1, ids), append = (1 + u64) + kvd_ld_bytes(2, ids);
+    const uint64_t geom = 4 * (1 + u32) + (1 + u64);
+    const uint64_t hello =
+        kvd_ld_bytes(1, str) + (1 + u32) + kvd_ld_bytes(3, geom) + kvd_ld_bytes(4, str);
+    const uint64_t cfg = kvd_ld_bytes(1, str) + kvd_ld_bytes(2, str);
+    const uint64_t body[] = {kvd_ld_bytes(13, lookup),  kvd_ld_bytes(12, seal),
+                             kvd_ld_bytes(14, release), kvd_ld_bytes(16, append),
+                             kvd_ld_bytes(10, hello),   kvd_ld_bytes(37, cfg)};
+    uint64_t m = 0;
+    for (size_t i = 0; i < sizeof body / sizeof body[0]; i++)
+        m = body[i] > m ? body[i] : m;
+    return head + m;
 }
 
 /* ---- persistence (snapshot.h) ------------------------------------------------------------ */
@@ -1196,6 +1252,9 @@ static kv_err_t kvd_op_config_set(kvd_req_ctx_t *c)
     b_->item = kvd_config_item_alloc(s);
     if (!b_->item)
         return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
+    char was[KVD_CONFIG_VALUE_MAX] = "";
+    kvd_config_get(s->cfg, r->key, was, sizeof was);
+    const uint64_t need0 = kvd_request_bytes_max(&s->lim);
     int e = kvd_config_set(s->cfg, r->key, r->value, 1, c->msg, sizeof c->msg);
     if (e == KVD_CFG_UNKNOWN)
         return KV_ERR_NOT_FOUND;
@@ -1203,6 +1262,21 @@ static kv_err_t kvd_op_config_set(kvd_req_ctx_t *c)
         return KV_ERR_FAILED_PRECONDITION;
     if (e != KVD_CFG_OK)
         return KV_ERR_INVALID_ARGUMENT;
+    /* A bound that lets requests outgrow the messages the control socket admits (fixed when
+     * it was bound; less the slack kept for newer clients' fields when derived) is refused:
+     * such a request would drop its client's connection, with no reply to say why. Lowering
+     * stays allowed, even while still over an explicit max_msg_bytes. */
+    kvp_limits_t lim = s->lim;
+    lim.max_tokens = (uint32_t)s->cfg->max_tokens;
+    const uint64_t need = kvd_request_bytes_max(&lim);
+    if (s->msg_bytes && need > s->msg_room && need > need0) {
+        KVD_ASSERT(kvd_config_set(s->cfg, r->key, was, 1, NULL, 0) == KVD_CFG_OK);
+        return kvd_fail(c, KV_ERR_FAILED_PRECONDITION,
+                        "%s = %s allows requests of %" PRIu64 " bytes, over the %" PRIu64
+                        " the control socket was sized for (max_msg_bytes, fixed at startup): set "
+                        "both in the config and restart",
+                        r->key, r->value, need, s->msg_room);
+    }
     kvd_server_apply_config(s);
     KVD_LOGI("config set %s = %s", r->key, r->value);
     kvd_config_item_fill(s, b_->item, kvd_config_find(r->key));
@@ -1356,6 +1430,33 @@ static int kvd_send_reply(kvd_server_t *s, zmq_msg_t *frames, int nenv, const Kv
     return zmq_send(s->router, s->sendbuf, n, ZMQ_DONTWAIT) < 0 ? -1 : 0;
 }
 
+/* A reply the client's connection had no room for (reply_hwm replies unread: EAGAIN under
+ * ZMQ_ROUTER_MANDATORY). Its request took effect and stays in effect: nothing is undone, since
+ * the client may yet read the replies before it, and references an alloc or a lookup took are
+ * the session's like any others, released at goodbye or reclaimed when its process exits
+ * (DESIGN.md "Ownership": death is process exit). The client sees TIMEOUT for that call. One
+ * log line per second at most: a client that never reads would otherwise flood the log. */
+static void kvd_reply_dropped(kvd_server_t *s, const zmq_msg_t *rid, kvp_op_t op, uint64_t id)
+{
+    s->replies_dropped++;
+    s->rdrop_unlogged++;
+    const uint64_t now = kvd_mono_ns();
+    if (s->rdrop_log_ns && now - s->rdrop_log_ns < 1000000000ull)
+        return;
+    const kvd_sess_t *x = kvd_sess_by_rid(s, zmq_msg_data((zmq_msg_t *)rid),
+                                          zmq_msg_size((zmq_msg_t *)rid), -1);
+    char who[96] = "a connection without a session";
+    if (x)
+        snprintf(who, sizeof who, "session %" PRIu64 " (pid %d)", x->sid, (int)x->pid);
+    KVD_LOGW("reply to request %" PRIu64 " (%s) of %s dropped: %" PRIu64 " replies already wait "
+             "unread (reply_hwm); the request took effect (references it took stay with the "
+             "session until goodbye or process exit); %" PRIu64 " replies dropped since the last "
+             "such line, %" PRIu64 " in all",
+             id, kvp_op_name(op), who, s->cfg->reply_hwm, s->rdrop_unlogged, s->replies_dropped);
+    s->rdrop_log_ns = now;
+    s->rdrop_unlogged = 0;
+}
+
 /* Complete a reply (status, ids, epoch, instance; an error clears the body and carries msg),
  * send it after the envelope and count it in the latency histogram (t0: receipt). */
 static void kvd_reply_finish(kvd_server_t *s, zmq_msg_t *env, int nenv, Kvd__Reply *rep,
@@ -1372,8 +1473,12 @@ static void kvd_reply_finish(kvd_server_t *s, zmq_msg_t *env, int nenv, Kvd__Rep
     rep->status = kvp_status(e);
     rep->epoch = kvd_core_epoch(s->core);
     rep->instance = s->instance; /* lets a client see a restart on any call, admin ones too */
-    if (kvd_send_reply(s, env, nenv, rep) != 0)
-        KVD_LOGD("reply to request %" PRIu64 " not sent: %s", id, zmq_strerror(errno));
+    if (kvd_send_reply(s, env, nenv, rep) != 0) {
+        if (errno == EAGAIN)
+            kvd_reply_dropped(s, &env[0], op, id);
+        else /* EHOSTUNREACH: the client's connection is gone (its process may live on) */
+            KVD_LOGD("reply to request %" PRIu64 " not sent: %s", id, zmq_strerror(errno));
+    }
     kvd_metrics_observe(&s->metrics, op, kvd_mono_ns() - t0, e);
 }
 
@@ -1494,15 +1599,23 @@ static void kvd_fds_cb(uv_poll_t *h, int status, int events)
         int fd = accept4(s->fds_listen, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0)
             return;
-        uint32_t uid, gid;
-        int32_t pid;
+        uint32_t uid = 0, gid = 0;
+        int32_t pid = 0;
         kvd_sess_t *x = NULL;
-        if (kvd_fdpass_peer(fd, &uid, &gid, &pid) == 0 && kvd_admit_ok(&s->admit, uid, gid))
+        if (kvd_fdpass_peer(fd, &uid, &gid, &pid) != 0) {
+            s->fd_refused++;
+            KVD_LOGW("fd socket: refused a peer whose credentials could not be read "
+                     "(getsockopt SO_PEERCRED: %s)", strerror(errno));
+            close(fd);
+            continue;
+        }
+        const int admitted = kvd_admit_ok(&s->admit, uid, gid);
+        if (admitted)
             x = kvd_sess_by_pid(s, pid);
         if (!x) {
             s->fd_refused++;
-            KVD_LOGW("fd socket: refused peer pid %d uid %u (not admitted or no session)",
-                     (int)pid, uid);
+            KVD_LOGW("fd socket: refused peer pid %d uid %u gid %u (%s)", (int)pid, uid, gid,
+                     admitted ? "no session of that pid" : "not admitted");
             close(fd);
             continue;
         }
@@ -1846,11 +1959,31 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
     const kvd_export_t *ex = kvd_core_export(s->core);
 
     kvp_limits_default(&s->lim);
-    s->lim.max_msg_bytes = cfg->max_msg_bytes;
     s->lim.page_tokens = ex->geom.page_tokens;
     s->lim.dir_entries = ex->dir_entries;
     s->lim.max_pages = ex->dir_entries > 65536 ? ex->dir_entries : 65536;
     kvd_server_apply_config(s);
+    /* The largest message the control socket admits, fixed when it binds (libzmq copies
+     * ZMQ_MAXMSGSIZE into each connection): 0 derives it from the request bounds, so every
+     * request they allow fits and nothing larger does; ≥ 2^63 is no bound at all. */
+    const uint64_t need = kvd_request_bytes_max(&s->lim);
+    if (cfg->max_msg_bytes == 0) {
+        s->msg_bytes = need + KVD_MSG_SLACK;
+        s->msg_room = need;
+    } else {
+        s->msg_bytes = cfg->max_msg_bytes > (uint64_t)INT64_MAX ? 0 : cfg->max_msg_bytes;
+        s->msg_room = s->msg_bytes;
+    }
+    s->lim.max_msg_bytes = (size_t)s->msg_bytes;
+    if (s->msg_bytes && s->msg_bytes < need)
+        KVD_LOGW("max_msg_bytes %" PRIu64 " is below the largest request the bounds allow (%"
+                 PRIu64 " bytes: a lookup of max_tokens %" PRIu64 " tokens, a release of %u "
+                 "ids): such a request drops its client's connection",
+                 s->msg_bytes, need, cfg->max_tokens, s->lim.max_pages);
+    if (!s->msg_bytes || !cfg->reply_hwm || !cfg->request_hwm)
+        KVD_LOGW("control socket:%s%s%s: one client can make the daemon queue without limit",
+                 s->msg_bytes ? "" : " max_msg_bytes unlimited",
+                 cfg->reply_hwm ? "" : " reply_hwm 0", cfg->request_hwm ? "" : " request_hwm 0");
     /* Test hook (tests/integration/it_snapshot.c): every asynchronous snapshot write stops
      * after N slices and stays in flight until kvd_server_stop completes it, so that a test
      * can deliver SIGTERM (or a second kvctl snapshot) during a write without a timing race.
@@ -1896,11 +2029,20 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
         snprintf(err, errlen, "zmq_socket(ROUTER) failed: %s", zmq_strerror(errno));
         goto fail;
     }
-    int zero = 0;
-    int64_t maxmsg = cfg->max_msg_bytes ? (int64_t)cfg->max_msg_bytes : -1;
+    /* Per-connection memory bounds (decision 54). SNDHWM: at most reply_hwm replies wait for a
+     * client that does not read them; ROUTER_MANDATORY makes the one over it fail with EAGAIN
+     * (counted and logged in kvd_reply_finish) instead of vanishing silently. RCVHWM: at most
+     * request_hwm requests wait to be handled; beyond it libzmq stops reading that connection
+     * (the client's own queue holds the rest: nothing is lost). MAXMSGSIZE: one request is at
+     * most msg_bytes, so the requests queued cost at most request_hwm × msg_bytes. */
+    int zero = 0, one = 1;
+    int sndhwm = cfg->reply_hwm > INT32_MAX ? INT32_MAX : (int)cfg->reply_hwm;
+    int rcvhwm = cfg->request_hwm > INT32_MAX ? INT32_MAX : (int)cfg->request_hwm;
+    int64_t maxmsg = s->msg_bytes ? (int64_t)s->msg_bytes : -1;
     zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(s->router, ZMQ_SNDHWM, &zero, sizeof zero); /* never drop a reply */
-    zmq_setsockopt(s->router, ZMQ_RCVHWM, &zero, sizeof zero);
+    zmq_setsockopt(s->router, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
+    zmq_setsockopt(s->router, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
+    zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
     zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "kvd", 3);
     if (zmq_bind(s->router, cfg->endpoint) != 0) {
@@ -1930,6 +2072,10 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
         if (cfg->socket_group[0] && strncmp(cfg->events_endpoint, "ipc://", 6) == 0 &&
             kvd_share_ipc(cfg->events_endpoint + 6, sock_gid, err, errlen) != 0)
             goto fail;
+        if (!cfg->events_hwm)
+            KVD_LOGW("events_hwm 0: a subscriber that stops reading makes the daemon queue "
+                     "event messages without limit (each up to %u bytes)",
+                     KVD_EVENTS_MSG_BYTES);
         kvd_core_set_index_hook(s->core, kvd_events_hook, s->events);
         kvd_events_announce(s->events, s->core); /* what the snapshot load restored */
     }
@@ -1968,10 +2114,11 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
         snprintf(metrics_at, sizeof metrics_at, "; metrics on http://%s:%u/metrics",
                  cfg->metrics_addr, (unsigned)cfg->metrics_port);
     KVD_LOGI("serving namespace '%s' on %s (backend %s, %u FP8 + %u TQ3 pages of %" PRIu64
-             " / %" PRIu64 " bytes, %u logical ids)%s",
+             " / %" PRIu64 " bytes, %u logical ids; messages up to %" PRIu64
+             " bytes, %" PRIu64 " requests and %" PRIu64 " replies queued per client)%s",
              cfg->namespace, cfg->endpoint, ex->backend, ex->pages[KV_FMT_FP8],
              ex->pages[KV_FMT_TQ3], ex->page_bytes[KV_FMT_FP8], ex->page_bytes[KV_FMT_TQ3],
-             ex->dir_entries, metrics_at);
+             ex->dir_entries, s->msg_bytes, cfg->request_hwm, cfg->reply_hwm, metrics_at);
     if (strcmp(ex->backend, "host") == 0 && !ex->dir_sealed)
         KVD_LOGW("the page directory could not be sealed against writable mappings (Linux < "
                  "5.1?): clients are trusted to map it read-only");

@@ -10,7 +10,7 @@
  * The lifecycle_* figures belong to the lifecycle controller (lifecycle.h), not the core:
  * kvd_core_stats leaves them 0 and kvd_lc_stats fills them in. Likewise the snapshot* figures
  * belong to the daemon's persistence (server.c with kvd/snapshot.c); cache_restored is the
- * core's (kvd_core_cache_restore).
+ * core's (kvd_core_cache_restore). replies_dropped is the server's (server.c, reply_hwm).
  */
 #ifndef KVD_STATS_H
 #define KVD_STATS_H
@@ -99,7 +99,9 @@
     XX(snapshot_load_skipped, GAUGE, "valid snapshot pages not restored at start (no room)")      \
     XX(snapshot_load_refused, GAUGE, "snapshot generations refused at start (corrupt or "         \
                                      "mismatched; the log names file and reason)")                 \
-    XX(snapshot_load_ms, GAUGE, "duration of the snapshot load at start in ms")
+    XX(snapshot_load_ms, GAUGE, "duration of the snapshot load at start in ms")                   \
+    XX(replies_dropped, COUNTER, "replies not sent: the client connection already had reply_hwm " \
+                                 "replies unread (its requests took effect; the log names it)")
 
 #define KVD_STATS_FMT_MAP(XX)                                                                      \
     XX(pages_total, GAUGE, "physical pages in the pool")                                          \

@@ -28,7 +28,8 @@
 static const char *const keys[] = {
     "endpoint", "backend", "namespace", "layers", "kv_heads", "head_dim", "page_tokens", "seed",
     "pages_fp8", "pages_tq3", "cache_quota", "admit_uids", "admit_gids", "socket_group",
-    "lease_ms", "epoch_ms", "max_msg_bytes", "max_alloc", "max_tokens", "max_sessions_per_pid",
+    "lease_ms", "epoch_ms", "max_msg_bytes", "reply_hwm", "request_hwm", "max_alloc",
+    "max_tokens", "max_sessions_per_pid",
     "metrics_port", "metrics_addr", "log_level", "lifecycle_ms", "recent_pages", "anchor_pages",
     "retier_batch", "fp8_low_watermark", "cache_retier_ms", "events_endpoint", "events_hwm",
     "events_batch", "events_tokens", "snapshot_dir", "snapshot_ms", NULL};
@@ -111,6 +112,21 @@ static void test_kvctl_config_get_set(void **state)
     assert_int_equal(itest_kvctl(&k, out, sizeof out, oob), 1);
     const char *unk[] = {"config", "set", "nope", "5", NULL};
     assert_int_equal(itest_kvctl(&k, out, sizeof out, unk), 1);
+    /* max_tokens past what the control socket admits (max_msg_bytes 0: derived when it was
+     * bound, from max_tokens 1048576) is refused, naming max_msg_bytes: a lookup that long
+     * would have dropped its client's connection with no reply to say why. Lowering it, and
+     * raising it back, is fine. */
+    const char *over[] = {KVCTL_BIN, "--endpoint", k.endpoint, "config", "set", "max_tokens",
+                          "1048577", NULL};
+    if (itest_run(over, out, sizeof out) != 1 || !strstr(out, "max_msg_bytes"))
+        fail_msg("config set max_tokens 1048577 was not refused: %s", out);
+    const char *gmt[] = {"config", "get", "max_tokens", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, gmt), 0);
+    assert_non_null(strstr(out, "= 1048576 "));
+    const char *low[] = {"config", "set", "max_tokens", "1000", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, low), 0);
+    const char *back[] = {"config", "set", "max_tokens", "1048576", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, back), 0);
 
     /* a silent client: lease expires (reported), its pages stay */
     kvc_t *c = itest_connect(&k, "silent");

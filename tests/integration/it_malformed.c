@@ -1,13 +1,17 @@
 /* it_malformed.c — malformed input of every kind gets an error reply and the daemon keeps
  * serving (issue 3, test 4): random bytes, truncated and oversized frames, wrong version,
  * extra frames, out-of-range ids and counts, calls before hello. After each group the daemon
- * still answers status and kvctl check is clean. */
+ * still answers status and kvctl check is clean. And a hostile-but-admitted client's memory
+ * bounds (decision 54): replies it never reads, messages over the derived max_msg_bytes. */
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include <cmocka.h>
@@ -276,6 +280,252 @@ static void test_reply_nomem_changes_nothing(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* ---- memory bounds of the control socket (decision 54) ------------------------------------ */
+
+/* A raw DEALER on k's endpoint: rcvhwm messages at most in its own receive queue (1 = a client
+ * that leaves replies in the daemon), unlimited send queue, no reconnect (a dropped connection
+ * stays dropped), recv timeout ms. */
+static void *raw_dealer(void *ctx, const itest_kvd_t *k, int rcvhwm, int timeout_ms)
+{
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    assert_non_null(d);
+    int linger = 0, zero = 0, noreconnect = -1, rcvbuf = 4096;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(d, ZMQ_SNDHWM, &zero, sizeof zero);
+    zmq_setsockopt(d, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
+    zmq_setsockopt(d, ZMQ_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    zmq_setsockopt(d, ZMQ_RECONNECT_IVL, &noreconnect, sizeof noreconnect);
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+    assert_int_equal(zmq_connect(d, k->endpoint), 0);
+    return d;
+}
+
+static void raw_send(void *d, const Kvd__Request *req)
+{
+    size_t n = kvd__request__get_packed_size(req);
+    uint8_t *b = malloc(n ? n : 1);
+    assert_non_null(b);
+    kvd__request__pack(req, b);
+    assert_int_equal(zmq_send(d, b, n, 0), (int)n);
+    free(b);
+}
+
+/* The next reply, or NULL on timeout. */
+static Kvd__Reply *raw_recv(void *d)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, d, 0) < 0) {
+        zmq_msg_close(&m);
+        return NULL;
+    }
+    Kvd__Reply *rep = kvd__reply__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
+    zmq_msg_close(&m);
+    assert_non_null(rep);
+    return rep;
+}
+
+static uint64_t rss_kb(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    uint64_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %" SCNu64, &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+#define FLOOD 4000u /* status requests a stuck client sends (~10 KB of reply each) */
+
+/* The stuck client (a child process): hello, then FLOOD status requests and one alloc of 4
+ * pages whose replies it does not read; it tells the parent, waits for its word, then reads
+ * what reached it and checks that its connection still answers. Exit 0 when it does. */
+static void stuck_client(const itest_kvd_t *k, int sent_fd, int go_fd)
+{
+    void *ctx = zmq_ctx_new();
+    void *d = raw_dealer(ctx, k, 1, 30000);
+    Kvd__Request req = KVD__REQUEST__INIT;
+    req.version = KVP_VERSION;
+    Kvd__HelloReq hello = KVD__HELLO_REQ__INIT;
+    hello.client_name = "stuck";
+    req.id = 1;
+    req.body_case = KVD__REQUEST__BODY_HELLO;
+    req.hello = &hello;
+    raw_send(d, &req);
+    Kvd__Reply *rep = raw_recv(d);
+    if (!rep || rep->status != KVD__STATUS__OK)
+        _exit(2);
+    kvd__reply__free_unpacked(rep, NULL);
+    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
+    req.body_case = KVD__REQUEST__BODY_STATUS;
+    req.status = &st;
+    for (uint32_t i = 0; i < FLOOD; i++) {
+        req.id = 100 + i;
+        raw_send(d, &req);
+    }
+    Kvd__AllocReq al = KVD__ALLOC_REQ__INIT;
+    al.count = 4;
+    req.id = 99;
+    req.body_case = KVD__REQUEST__BODY_ALLOC;
+    req.alloc = &al;
+    raw_send(d, &req);
+    char x = 's';
+    if (write(sent_fd, &x, 1) != 1 || read(go_fd, &x, 1) != 1)
+        _exit(3);
+    /* read what the daemon kept for it; the alloc's reply must not be among them */
+    int tmo = 2000;
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    uint32_t got = 0;
+    while ((rep = raw_recv(d)) != NULL) {
+        if (rep->id == 99)
+            _exit(4);
+        got++;
+        kvd__reply__free_unpacked(rep, NULL);
+    }
+    if (got == 0 || got >= FLOOD)
+        _exit(5);
+    /* the connection was not dropped: a heartbeat is answered */
+    Kvd__HeartbeatReq hb = KVD__HEARTBEAT_REQ__INIT;
+    req.id = 7777;
+    req.body_case = KVD__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    raw_send(d, &req);
+    rep = raw_recv(d);
+    if (!rep || rep->id != 7777 || rep->status != KVD__STATUS__OK)
+        _exit(6);
+    kvd__reply__free_unpacked(rep, NULL);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    _exit(0);
+}
+
+/* A client that sends requests and never reads the replies made the daemon queue every reply
+ * (SNDHWM 0: "never drop a reply"): FLOOD status replies of ~10 KB grew the daemon by ~40 MB,
+ * and nothing bounded it. Now at most reply_hwm (256) replies wait for it; the others are
+ * dropped, counted (replies_dropped) and logged at most once a second; the dropped alloc still
+ * took its 4 references, which stay with the session until its process exits; the connection
+ * itself keeps working. */
+static void test_unread_replies_are_bounded(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    assert_alive(&k);
+    const uint64_t rss0 = rss_kb(k.pid);
+    int sent[2], go[2];
+    assert_int_equal(pipe(sent), 0);
+    assert_int_equal(pipe(go), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(sent[0]);
+        close(go[1]);
+        stuck_client(&k, sent[1], go[0]);
+    }
+    close(sent[1]);
+    close(go[0]);
+    char x;
+    assert_int_equal(read(sent[0], &x, 1), 1);
+    /* every request is handled: FLOOD + 1 replies, all but a few hundred dropped */
+    if (itest_wait_stat(&k, "request_refs", 4, 60000) < 0)
+        fail_msg("the alloc sent after the flood was not applied");
+    const uint64_t dropped = itest_stat(&k, "replies_dropped");
+    const uint64_t rss1 = rss_kb(k.pid);
+    printf("stuck client: %" PRIu64 " of %u replies dropped; daemon RSS %" PRIu64 " -> %" PRIu64
+           " kB\n",
+           dropped, FLOOD + 1, rss0, rss1);
+    if (dropped < FLOOD / 2)
+        fail_msg("only %" PRIu64 " of %u unread replies were dropped", dropped, FLOOD + 1);
+    if (rss1 > rss0 + 12 * 1024)
+        fail_msg("the daemon grew by %" PRIu64 " kB for one client's unread replies",
+                 rss1 - rss0);
+    /* the daemon serves others meanwhile; then the client reads and is still served */
+    assert_int_equal(itest_stat(&k, "sessions"), 1);
+    assert_int_equal(write(go[1], "g", 1), 1);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("the stuck client failed (status %d)", status);
+    /* its process exited: the references of the alloc whose reply was dropped are reclaimed */
+    if (itest_wait_stat(&k, "request_refs", 0, 30000) < 0)
+        fail_msg("the references of a dropped alloc reply were not reclaimed at exit");
+    /* the drops are logged, at most one line a second */
+    char cmd[512], out[256];
+    snprintf(cmd, sizeof cmd, "grep -c 'replies already wait unread' '%s'", k.log);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(out, sizeof out, p));
+    pclose(p);
+    const int lines = atoi(out);
+    if (lines < 1 || lines > 30)
+        fail_msg("%d log lines for the dropped replies (want 1, at most one a second)", lines);
+    close(sent[0]);
+    close(go[1]);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+/* max_msg_bytes 0 (the default) is the largest request the bounds allow plus 4 KiB: with
+ * max_tokens 1048576 a lookup of that many tokens with 256 bytes of extra and every envelope
+ * field at its widest is 4 194 599 bytes (docs/daemon.md), and the socket admits 4 198 695.
+ * The default used to be unlimited: a client could make libzmq allocate any size it announced
+ * (one message of 1 GB, or the 4 198 696 bytes here, got a MALFORMED reply after being read
+ * whole). Now such a message drops its connection unread. */
+static void test_max_msg_bytes_derived(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    void *ctx = zmq_ctx_new();
+    void *d = raw_dealer(ctx, &k, 0, 30000);
+    const size_t ntok = 1048576, admitted = 4198695;
+    uint8_t *big = calloc(1, admitted + 1);
+    assert_non_null(big);
+    uint8_t extra[256] = {0};
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__LookupReq lk = KVD__LOOKUP_REQ__INIT;
+    req.version = KVP_VERSION;
+    req.id = UINT64_MAX;
+    req.completed_epoch = UINT64_MAX;
+    req.body_case = KVD__REQUEST__BODY_LOOKUP;
+    req.lookup = &lk;
+    lk.tokens.data = big;
+    lk.tokens.len = ntok * 4;
+    lk.extra.data = extra;
+    lk.extra.len = sizeof extra;
+    lk.peek = 1;
+    assert_int_equal(kvd__request__get_packed_size(&req), 4194599);
+    raw_send(d, &req); /* the largest legitimate request is delivered and answered */
+    Kvd__Reply *rep = raw_recv(d);
+    assert_non_null(rep);
+    assert_int_equal(rep->id, UINT64_MAX);
+    assert_int_equal(rep->status, KVD__STATUS__NO_SESSION); /* decoded: no hello on it */
+    kvd__reply__free_unpacked(rep, NULL);
+    memset(big, 0, admitted + 1);
+    assert_int_equal(zmq_send(d, big, admitted, 0), (int)admitted); /* at the bound: read */
+    rep = raw_recv(d);
+    assert_non_null(rep);
+    assert_int_equal(rep->status, KVD__STATUS__MALFORMED);
+    kvd__reply__free_unpacked(rep, NULL);
+    int tmo = 3000;
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    assert_int_equal(zmq_send(d, big, admitted + 1, 0), (int)admitted + 1); /* over it */
+    rep = raw_recv(d);
+    if (rep)
+        fail_msg("a message over the derived bound was read and answered (status %d)",
+                 (int)rep->status);
+    free(big);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    assert_alive(&k);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -283,6 +533,8 @@ int main(void)
         cmocka_unit_test(test_bad_fields_get_named_errors),
         cmocka_unit_test(test_frames_and_oversize),
         cmocka_unit_test(test_reply_nomem_changes_nothing),
+        cmocka_unit_test(test_unread_replies_are_bounded),
+        cmocka_unit_test(test_max_msg_bytes_derived),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

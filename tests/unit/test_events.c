@@ -12,7 +12,8 @@
  * of one flush arrive as one [namespace][Event] message with every field, seq contiguous,
  * batch_max splitting a flush into several messages in order, token ids off, CLEARED at stop,
  * the announcement of entries restored before the publisher existed, a resync (pending changes
- * first, then CLEARED and the whole index, split by batch_max);
+ * first, then CLEARED and the whole index, split by batch_max), messages bounded in bytes
+ * (KVD_EVENTS_MSG_BYTES) whatever the entries;
  * and a throughput figure (entries/s through encode, send, receive and decode), printed, not
  * asserted.
  */
@@ -659,36 +660,106 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Throughput of the publisher: STORED entries (3 token ids, 2 bytes of extra, a parent) in
- * messages of 1024, each flushed, received and decoded by the subscriber before the next (so
- * nothing is dropped and the figure includes the consumer). Printed, not asserted: the
- * machine's load decides it; every message must still arrive in order. */
+/* Throughput of the publisher: rounds of 1024 STORED entries (3 token ids, 2 bytes of extra, a
+ * parent), each flushed (as messages of at most KVD_EVENTS_MSG_BYTES), received and decoded by
+ * the subscriber before the next round (so nothing is dropped and the figure includes the
+ * consumer). Printed, not asserted: the machine's load decides it; every message must still
+ * arrive in order. */
 static void test_publisher_rate(void **state)
 {
     pubfx_t f;
     uint64_t seq = pub_open(&f, 1024, 1);
-    const uint32_t msgs = 200, per = 1024;
+    const uint32_t rounds = 200, per = 1024;
     uint8_t parent[KVD_HASH_BYTES];
     memset(parent, 5, sizeof parent);
     double pub_s = 0, t0 = now_s();
-    uint64_t entries = 0;
-    for (uint32_t m = 0; m < msgs; m++) {
+    uint64_t entries = 0, msgs = 0;
+    for (uint32_t m = 0; m < rounds; m++) {
         double a = now_s();
         for (uint32_t i = 0; i < per; i++)
             hook_stored(f.ev, i, (uint8_t)i, parent);
         kvd_events_flush(f.ev);
         pub_s += now_s() - a;
-        Kvd__Event *e = recv_event(&f, 30000);
-        assert_non_null(e);
-        assert_int_equal(e->seq, seq + 1 + m);
-        assert_int_equal(e->n_entries, per);
-        entries += e->n_entries;
-        kvd__event__free_unpacked(e, NULL);
+        for (uint32_t got = 0; got < per;) {
+            Kvd__Event *e = recv_event(&f, 30000);
+            assert_non_null(e);
+            assert_int_equal(e->seq, seq + 1 + msgs);
+            assert_int_equal(e->entries[0]->page, got);
+            got += (uint32_t)e->n_entries;
+            entries += e->n_entries;
+            msgs++;
+            kvd__event__free_unpacked(e, NULL);
+        }
     }
     double all_s = now_s() - t0;
-    printf("events publisher: %llu STORED entries in %u messages: publisher side (hook + encode "
-           "+ send) %.0f entries/s; end to end with an ipc subscriber decoding %.0f entries/s\n",
-           (unsigned long long)entries, msgs, (double)entries / pub_s, (double)entries / all_s);
+    printf("events publisher: %llu STORED entries in %llu messages: publisher side (hook + "
+           "encode + send) %.0f entries/s; end to end with an ipc subscriber decoding %.0f "
+           "entries/s\n",
+           (unsigned long long)entries, (unsigned long long)msgs, (double)entries / pub_s,
+           (double)entries / all_s);
+    pub_close(&f);
+}
+
+/* The worst STORED entries (page_tokens token ids of 5-byte varints, 256 bytes of extra, a
+ * parent): each message stays within KVD_EVENTS_MSG_BYTES, entries in order, seq contiguous,
+ * nothing lost. Regression: a message was bounded only by events_batch entries, so 1024 such
+ * entries made one ~1.7 MB message here (and hwm of them queued per stuck subscriber: with
+ * the old default 10000 and page_tokens 16, ~4.3 GB), and events_batch 65536 with page_tokens
+ * 4096 one of ~1.4 GB. The entries' token ids go through the same path as the daemon's. */
+static void test_message_bytes_bounded(void **state)
+{
+    pubfx_t f;
+    uint64_t seq = pub_open(&f, 1024, 1);
+    enum { NTOK = 256, N = 1024 };
+    static uint32_t tok[NTOK];
+    uint8_t extra[KVP_MAX_EXTRA], h[KVD_HASH_BYTES], parent[KVD_HASH_BYTES];
+    for (int i = 0; i < NTOK; i++)
+        tok[i] = 0xF0000000u + (uint32_t)i; /* 5-byte varints */
+    memset(extra, 0xEE, sizeof extra);
+    memset(parent, 0x11, sizeof parent);
+    for (uint32_t i = 0; i < N; i++) {
+        memset(h, (int)(i & 0xFF), sizeof h);
+        kvd_index_ev_t e = {.kind = KVD_INDEX_EV_STORED, .logical = 0xFFFFFFF0u - i,
+                            .fmt = KV_FMT_TQ3, .hash = h, .parent = parent, .tokens = tok,
+                            .ntok = NTOK, .extra = extra, .extra_len = sizeof extra};
+        kvd_events_hook(&e, f.ev);
+    }
+    kvd_events_flush(f.ev);
+    uint32_t got = 0, msgs = 0;
+    while (got < N) {
+        zmq_pollitem_t it = {.socket = f.sub, .events = ZMQ_POLLIN};
+        assert_true(zmq_poll(&it, 1, 30000) > 0);
+        zmq_msg_t topic, body;
+        zmq_msg_init(&topic);
+        zmq_msg_init(&body);
+        assert_true(zmq_msg_recv(&topic, f.sub, 0) >= 0);
+        assert_true(zmq_msg_recv(&body, f.sub, 0) >= 0);
+        if (zmq_msg_size(&body) > KVD_EVENTS_MSG_BYTES)
+            fail_msg("message %u is %zu bytes, over %u", msgs, zmq_msg_size(&body),
+                     KVD_EVENTS_MSG_BYTES);
+        Kvd__Event *e = kvd__event__unpack(NULL, zmq_msg_size(&body), zmq_msg_data(&body));
+        assert_non_null(e);
+        assert_int_equal(e->seq, seq + 1 + msgs);
+        assert_true(e->n_entries >= 1);
+        for (size_t i = 0; i < e->n_entries; i++, got++) {
+            assert_int_equal(e->entries[i]->page, 0xFFFFFFF0u - got);
+            assert_int_equal(e->entries[i]->n_token_ids, NTOK);
+            assert_int_equal(e->entries[i]->token_ids[NTOK - 1], tok[NTOK - 1]);
+            assert_int_equal(e->entries[i]->extra.len, KVP_MAX_EXTRA);
+        }
+        msgs++;
+        kvd__event__free_unpacked(e, NULL);
+        zmq_msg_close(&topic);
+        zmq_msg_close(&body);
+    }
+    assert_int_equal(got, N);
+    /* ~1.6 KB an entry: about ten a message, not one message of all */
+    assert_true(msgs >= N / 12);
+    kvd_stats_t st;
+    memset(&st, 0, sizeof st);
+    kvd_events_stats(f.ev, &st);
+    assert_int_equal(st.events_dropped, 0);
+    assert_int_equal(st.events_seq, seq + msgs);
     pub_close(&f);
 }
 
@@ -705,6 +776,7 @@ int main(void)
         cmocka_unit_test(test_timer_change_not_held),
         cmocka_unit_test(test_batch_lowered_while_pending),
         cmocka_unit_test(test_publisher_rate),
+        cmocka_unit_test(test_message_bytes_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
