@@ -48,6 +48,8 @@
 #include <float.h>
 #include <math.h>
 
+#include <utility>
+
 namespace {
 
 constexpr int kWarps = 8;
@@ -2014,18 +2016,36 @@ cudaError_t init_once()
     return err;
 }
 
+/* Launches go through cudaLaunchKernelEx, whose return value is that launch's own error: with
+ * <<<>>> and cudaGetLastError an error the caller had left pending (a failed cudaMalloc) failed
+ * a launch that ran, and was cleared (kvkern_cuda.h "Errors"). A failed launch's error is
+ * consumed here, as the other launchers do. */
+template <typename... P, typename... A>
+cudaError_t launch_ex(void (*kernel)(P...), dim3 grid, uint32_t threads, size_t smem,
+                      cudaStream_t st, A &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+    if (e != cudaSuccess)
+        (void)cudaGetLastError();
+    return e;
+}
+
 template <int D> cudaError_t launch_partial(const AttnArgs &a, dim3 grid, cudaStream_t st)
 {
-    if (a.g.page_tokens % 16 == 0) {
-        attn_fast_kernel<D><<<grid, FastCfg<D>::kThreads, FastCfg<D>::kSmem, st>>>(a);
-        return cudaGetLastError();
-    }
-    attn_partial_kernel<D, KV_FMT_FP8><<<grid, kThreads, partial_smem<D, KV_FMT_FP8>(), st>>>(a);
-    cudaError_t e = cudaGetLastError();
+    if (a.g.page_tokens % 16 == 0)
+        return launch_ex(attn_fast_kernel<D>, grid, FastCfg<D>::kThreads, FastCfg<D>::kSmem, st,
+                         a);
+    cudaError_t e = launch_ex(attn_partial_kernel<D, KV_FMT_FP8>, grid, kThreads,
+                              partial_smem<D, KV_FMT_FP8>(), st, a);
     if (e != cudaSuccess)
         return e;
-    attn_partial_kernel<D, KV_FMT_TQ3><<<grid, kThreads, partial_smem<D, KV_FMT_TQ3>(), st>>>(a);
-    return cudaGetLastError();
+    return launch_ex(attn_partial_kernel<D, KV_FMT_TQ3>, grid, kThreads,
+                     partial_smem<D, KV_FMT_TQ3>(), st, a);
 }
 
 /* NE coordinates per lane; a head's d coordinates over d / (32·NE) blocks (grid.z).
@@ -2033,16 +2053,19 @@ template <int D> cudaError_t launch_partial(const AttnArgs &a, dim3 grid, cudaSt
  * bytes each): merge alone 3.9 → 3.55 µs at B=2 d=256 32K on the H200. NE = 2 (four and two
  * blocks per head) was slower at both d: 4.1 and, at B=8 d=128, 2.9 vs 2.55 µs. */
 template <int NE>
-void launch_merge(int w, dim3 grid, cudaStream_t st, uint32_t parts, uint32_t q_heads,
-                  uint32_t d, const float *pm, const float *pl, const float *po, float *out)
+cudaError_t launch_merge(int w, dim3 grid, cudaStream_t st, uint32_t parts, uint32_t q_heads,
+                         uint32_t d, const float *pm, const float *pl, const float *po,
+                         float *out)
 {
     grid.z = d / (32u * NE);
     if (w == 8)
-        attn_merge_kernel<NE, 8><<<grid, 256, 0, st>>>(parts, q_heads, d, pm, pl, po, out);
-    else if (w == 16)
-        attn_merge_kernel<NE, 16><<<grid, 512, 0, st>>>(parts, q_heads, d, pm, pl, po, out);
-    else
-        attn_merge_kernel<NE, 32><<<grid, 1024, 0, st>>>(parts, q_heads, d, pm, pl, po, out);
+        return launch_ex(attn_merge_kernel<NE, 8>, grid, 256, 0, st, parts, q_heads, d, pm, pl,
+                         po, out);
+    if (w == 16)
+        return launch_ex(attn_merge_kernel<NE, 16>, grid, 512, 0, st, parts, q_heads, d, pm, pl,
+                         po, out);
+    return launch_ex(attn_merge_kernel<NE, 32>, grid, 1024, 0, st, parts, q_heads, d, pm, pl, po,
+                     out);
 }
 
 size_t align256(size_t x)
@@ -2070,8 +2093,13 @@ extern "C" kvk_status_t kvk_cuda_attn_partial(const kv_geom_t *g, const kv_pools
         return KVK_EINVAL;
     if (b->batch == 0)
         return KVK_OK;
-    /* q 16-byte aligned: the fast kernel's FP8 tail stages query rows with cp.async */
+    /* q 16-byte aligned: the fast kernel's FP8 tail stages query rows with cp.async; every
+     * other array to its element (a misaligned load is a sticky error of the caller's context) */
     if (!q || !b->page_indptr || !b->page_ids || !b->seq_len || !dir || (uintptr_t)q % 16u)
+        return KVK_EINVAL;
+    if ((uintptr_t)dir % 8u || (uintptr_t)b->page_indptr % 4u || (uintptr_t)b->page_ids % 4u ||
+        (uintptr_t)b->seq_len % 4u || (uintptr_t)part_m % 4u || (uintptr_t)part_l % 4u ||
+        (uintptr_t)part_o % 4u)
         return KVK_EINVAL;
     for (int f = 0; f < KV_FMT_COUNT; f++)
         if ((uintptr_t)pools->base[f] % KV_BLOCK_ALIGN != 0)
@@ -2131,15 +2159,19 @@ extern "C" kvk_status_t kvk_cuda_attn_merge(uint32_t batch, uint32_t parts_per_s
     if (batch == 0)
         return KVK_OK;
     /* Ō rows are read as 8/16-byte vectors: part_o aligned as the workspace pieces are */
-    if (!part_m || !part_l || !part_o || !out || batch > 65535u || (uintptr_t)part_o % 16u)
+    if (!part_m || !part_l || !part_o || !out || batch > 65535u || (uintptr_t)part_o % 16u ||
+        (uintptr_t)part_m % 4u || (uintptr_t)part_l % 4u || (uintptr_t)out % 4u)
         return KVK_EINVAL;
     const dim3 grid(q_heads, batch);
     const int w = merge_warps(parts_per_seq);
+    cudaError_t e;
     if (d == 64)
-        launch_merge<2>(w, grid, stream, parts_per_seq, q_heads, d, part_m, part_l, part_o, out);
+        e = launch_merge<2>(w, grid, stream, parts_per_seq, q_heads, d, part_m, part_l, part_o,
+                            out);
     else /* 128: one block per head; 256: two (launch_merge) */
-        launch_merge<4>(w, grid, stream, parts_per_seq, q_heads, d, part_m, part_l, part_o, out);
-    return cudaGetLastError() == cudaSuccess ? KVK_OK : KVK_EDEVICE;
+        e = launch_merge<4>(w, grid, stream, parts_per_seq, q_heads, d, part_m, part_l, part_o,
+                            out);
+    return e == cudaSuccess ? KVK_OK : KVK_EDEVICE;
 }
 
 extern "C" size_t kvk_cuda_attn_workspace_bytes(uint32_t batch, uint32_t q_heads,

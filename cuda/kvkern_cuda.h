@@ -14,13 +14,13 @@
  *     KV_BLOCK_ALIGN): on the device a misaligned access is a sticky error that ends the
  *     caller's CUDA context. Append, convert and dir refuse such pointers, and a pool whose
  *     byte range base + pages × page_bytes does not fit in 64 bits; the attention launchers
- *     check q, part_o and the pool bases only (attn.cu, 2026-12 review: to do).
+ *     check every array's alignment (q and, for the merge, part_o: 16 bytes) and the pool
+ *     bases.
  *   - Errors: append, convert and dir launch with cudaLaunchKernelEx and return KVK_EDEVICE
  *     when THAT launch fails, consuming the error it set (cudaGetLastError), so the caller's
  *     next check does not see it twice; an error the caller left pending before the call
- *     (say a failed cudaMalloc) is neither reported nor cleared. The attention launchers
- *     still read cudaGetLastError after <<<>>>, so a pending error fails them (to do). A
- *     sticky error of the context fails every launch. Faults of a kernel while it runs
+ *     (say a failed cudaMalloc) is neither reported nor cleared. The attention launchers do
+ *     the same (attn.cu launch_ex). A sticky error of the context fails every launch. Faults of a kernel while it runs
  *     surface at the caller's next synchronisation, as for any kernel.
  *   - Launchers never synchronize, allocate, copy or query device memory, so every one of them
  *     can be captured in a CUDA graph. Scratch space (split-K partials) is a caller-owned

@@ -28,8 +28,8 @@
  *            bit; 1, 3 and 150 splits (the merge compacts the non-empty partitions of chunks
  *            of 512: 300 partitions, most of them empty).
  * Once: dir store (kvk_cuda_dir_store, kvd's directory batches) against the expected entries;
- * launcher arguments (2026-12 review): misaligned arrays, overlapping pools and pool ranges past
- * 2^64 are refused before any launch; not with --small (compute-sanitizer): an error the caller
+ * launcher arguments (2026-12 review): misaligned arrays (attention's too), overlapping pools
+ * and pool ranges past 2^64 are refused before any launch; not with --small (compute-sanitizer): an error the caller
  * left pending is not reported by a launch that worked (nor cleared), and a dir store of
  * n = 2^32 − 1 entries (48 GiB, 2^32 − 1 threads) reaches its last one.
  */
@@ -644,6 +644,34 @@ static void run_launcher_args(bool small)
     ok = kvk_cuda_dir_store(ddir, 2, 1, (const uint32_t *)off(dids, 2), ddir, 0) == KVK_EINVAL;
     check(ok, "dir store rejects misaligned ids", "");
 
+    /* attention over one sequence of 5 tokens on FP8 page 0, one query head, one split */
+    const uint32_t hind[2] = {0, 1}, hlen[1] = {5};
+    uint32_t *dind = dalloc<uint32_t>(2), *dlen = dalloc<uint32_t>(1);
+    h2d(dind, hind, 2);
+    h2d(dlen, hlen, 1);
+    std::vector<float> hq(64, 0.25f);
+    float *dq = dalloc<float>(64), *dout = dalloc<float>(64 + 1);
+    h2d(dq, hq.data(), 64);
+    const size_t wsb = kvk_cuda_attn_workspace_bytes(1, 1, 64, 1);
+    float *ws = (float *)dalloc<uint8_t>(wsb);
+    float *pm = ws, *pl = ws + 64, *po = ws + 128; /* 16-byte aligned pieces of 512 bytes */
+    const kv_attn_batch_t ab = {1, 1, 0, 0.125f, dind, dids, dlen};
+    auto part = [&](const kv_dir_entry_t *dr, const kv_attn_batch_t &b, float *m, float *l) {
+        return kvk_cuda_attn_partial(&g, &dp, dr, 2, &b, dq, 1, m, l, po, 0);
+    };
+    kv_attn_batch_t b1 = ab, b2 = ab, b3 = ab;
+    b1.page_indptr = (const uint32_t *)off(dind, 2);
+    b2.page_ids = (const uint32_t *)off(dids, 2);
+    b3.seq_len = (const uint32_t *)off(dlen, 2);
+    float *m2 = (float *)off(pm, 2), *out2 = (float *)off(dout, 2);
+    ok = part(ddir4, ab, pm, pl) == KVK_EINVAL && part(ddir, b1, pm, pl) == KVK_EINVAL &&
+         part(ddir, b2, pm, pl) == KVK_EINVAL && part(ddir, b3, pm, pl) == KVK_EINVAL &&
+         part(ddir, ab, m2, pl) == KVK_EINVAL && part(ddir, ab, pm, m2) == KVK_EINVAL &&
+         kvk_cuda_attn_merge(1, 2, 1, 64, pm, pl, po, out2, 0) == KVK_EINVAL &&
+         kvk_cuda_attn_merge(1, 2, 1, 64, m2, pl, po, dout, 0) == KVK_EINVAL;
+    check(ok, "attention rejects misaligned arrays",
+          "dir, indptr, page ids, lengths, part_m, part_l; merge: out, part_m");
+
     /* overlapping pools: a destination page over a source page (the TQ3 pool is the FP8 one,
      * or starts inside it); pools that only touch are fine */
     const kv_pools_t same = {{d8, d8}, {2, 2}}, inside = {{d8, d8 + pb8}, {2, 1}};
@@ -678,11 +706,12 @@ static void run_launcher_args(bool small)
     const kvk_status_t rr = kvk_cuda_page_retier(&g, &dp, 1, dids, dids + 1, 0);
     const kvk_status_t rp = kvk_cuda_page_promote(&g, &dp, 1, dids + 1, dids + 1, 0);
     const kvk_status_t rd = kvk_cuda_dir_store(ddir, 2, 2, dids, ddir, 0);
+    const kvk_status_t rt = kvk_cuda_attn_decode(&g, &dp, ddir, 2, &ab, dq, 1, ws, wsb, dout, 0);
     const cudaError_t after = small ? pend : cudaGetLastError();
     check(pend != cudaSuccess && ra == KVK_OK && rr == KVK_OK && rp == KVK_OK &&
-              rd == KVK_OK && after == pend,
-          "pending error stays the caller's", "malloc %d, launchers %d %d %d %d, after %d",
-          (int)pend, (int)ra, (int)rr, (int)rp, (int)rd, (int)after);
+              rd == KVK_OK && rt == KVK_OK && after == pend,
+          "pending error stays the caller's", "malloc %d, launchers %d %d %d %d %d, after %d",
+          (int)pend, (int)ra, (int)rr, (int)rp, (int)rd, (int)rt, (int)after);
     CK(cudaDeviceSynchronize());
     /* the append did run (the promote wrote FP8 page 1, not 0): slot 3's K scale is 1/448 */
     float sc = 0;
@@ -728,6 +757,11 @@ static void run_launcher_args(bool small)
     CK(cudaFree(dids));
     CK(cudaFree(dk));
     CK(cudaFree(dv));
+    CK(cudaFree(dind));
+    CK(cudaFree(dlen));
+    CK(cudaFree(dq));
+    CK(cudaFree(dout));
+    CK(cudaFree(ws));
 }
 
 int main(int argc, char **argv)
