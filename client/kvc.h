@@ -18,11 +18,17 @@
  * message for the last failed call (or libkvc's own, for TIMEOUT / UNAVAILABLE /
  * PERMISSION_DENIED detected locally). A peer the daemon's ZAP handler refuses gets
  * PERMISSION_DENIED from the first call, detected through the socket monitor's
- * HANDSHAKE_FAILED_AUTH event rather than a timeout.
+ * HANDSHAKE_FAILED_AUTH event rather than a timeout. A TIMEOUT means the outcome is unknown:
+ * the daemon may have applied the request (and may even have dropped the reply of a client
+ * that left reply_hwm replies unread, docs/daemon.md "Memory bounds"); what a late reply
+ * grants (pages of an alloc or a lookup) libkvc releases itself.
  *
  * Memory: after kvc_hello() the pools are mapped READ-WRITE (the engine writes pages in place)
  * and the page directory READ-ONLY (only the daemon writes it). Mappings live until
- * kvc_close() or the next kvc_hello / kvc_rehello. Closing the connection does NOT free the
+ * kvc_close() or the next kvc_hello / kvc_rehello. On the cuda backends, unmapping first waits
+ * for the whole primary context (every kernel of the process, not only this client's: libkvc
+ * cannot tell which of them read the pools), and libkvc leaves the calling thread's current
+ * context as it found it (kvc_cuda.c). Closing the connection does NOT free the
  * session's pages: the daemon reclaims them when this process exits (DESIGN.md, "Ownership").
  *
  * Daemon restarts: the connection survives a restart of the daemon on the same endpoint
