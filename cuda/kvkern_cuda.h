@@ -18,10 +18,12 @@
  *     bases.
  *   - Errors: append, convert and dir launch with cudaLaunchKernelEx and return KVK_EDEVICE
  *     when THAT launch fails, consuming the error it set (cudaGetLastError), so the caller's
- *     next check does not see it twice; an error the caller left pending before the call
- *     (say a failed cudaMalloc) is neither reported nor cleared. The attention launchers do
- *     the same (attn.cu launch_ex). A sticky error of the context fails every launch. Faults of a kernel while it runs
- *     surface at the caller's next synchronisation, as for any kernel.
+ *     next check does not see it twice; an error the caller left pending before a launch that
+ *     works (say a failed cudaMalloc) is neither reported nor cleared, but a launch that
+ *     fails clears it with its own (the runtime keeps one last error). The attention
+ *     launchers do the same (attn.cu launch_ex). A sticky error of the context fails every
+ *     launch. Faults of a kernel while it runs surface at the caller's next synchronisation,
+ *     as for any kernel.
  *   - Launchers never synchronize, allocate, copy or query device memory, so every one of them
  *     can be captured in a CUDA graph. Scratch space (split-K partials) is a caller-owned
  *     workspace whose size kvk_cuda_attn_workspace_bytes() gives. kvk_cuda_init() sets the

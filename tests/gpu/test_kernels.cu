@@ -29,8 +29,8 @@
  *            of 512: 300 partitions, most of them empty).
  * Once: dir store (kvk_cuda_dir_store, kvd's directory batches) against the expected entries;
  * launcher arguments (2026-12 review): misaligned arrays (attention's too), overlapping pools
- * and pool ranges past 2^64 are refused before any launch; not with --small (compute-sanitizer): an error the caller
- * left pending is not reported by a launch that worked (nor cleared), and a dir store of
+ * and pool ranges past 2^64 are refused before any launch; not with --small
+ * (compute-sanitizer): an error the caller left pending is not reported by a launch that worked (nor cleared), and a dir store of
  * n = 2^32 − 1 entries (48 GiB, 2^32 − 1 threads) reaches its last one.
  */
 #include "kvkern.h"

@@ -1,6 +1,6 @@
 /* test_util.c — kvd/util.c: the u64 map against a plain array under random churn (the
- * backward-shift deletion is the subtle part), draining it with kvd_map_pop, reserve making inserts infallible, the
- * allocation wrapper's fail-after-N hook and live counter.
+ * backward-shift deletion is the subtle part), draining it with kvd_map_pop, reserve making
+ * inserts infallible, the allocation wrapper's fail-after-N hook and live counter.
  */
 #include <setjmp.h>
 #include <stdarg.h>
