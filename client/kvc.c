@@ -31,7 +31,8 @@
  * replies to synchronous calls that failed without them (kvc_late, a list that grows as
  * needed), whose alloc or lookup references are released. A late seal reply that is a dedupe
  * cannot be undone: the caller's reference now lives on the cached page, so requests naming
- * the sealed page are sent with the cached one (kvc_moved_t, kvc_settle).
+ * the sealed page are sent with the cached one (kvc_moved_t, kvc_settle), until a reply the
+ * caller receives grants it that id again (kvc_granted).
  */
 #include "kvc.h"
 
@@ -87,7 +88,19 @@ typedef struct kvc_late_s {
 /* A late seal reply said the content of `from` was already cached as `to`: the daemon moved
  * every reference of ours on `from` to `to` (kvd_core_seal) and retired `from`, while the
  * caller, who saw a TIMEOUT, still names `from`. Requests that name `from` get `to` instead
- * (kvc_moved_map), until a reply names `from` as a page again (the id was reused). */
+ * (kvc_moved_map).
+ *
+ * Invariant: a move from→to stands exactly as long as the caller may still name its old
+ * `from`. Only one thing gives the caller another meaning for the id: a reply the CALLER
+ * receives that grants it `from` anew (the daemon reused the id): the pages of an OK alloc
+ * reply, of an OK lookup without peek, the page of an OK seal reply (kvc_granted). Nothing
+ * else ends a move: not a late reply libkvc consumes itself (kvc_late: the pages of a late
+ * alloc or lookup are released by libkvc, the caller never sees them), not a reply libkvc
+ * refuses and gives back (MALFORMED, pages beyond a lookup's cap), not a peek lookup (no
+ * reference: the caller's `from` still means `to`). Forgetting too early sends the caller's
+ * old `from` as itself (a second release of the reused page, `to`'s reference leaked);
+ * forgetting too late sends the new page as `to` (it leaks, `to` loses a reference in use,
+ * and a seal naming it as prev chains onto the wrong parent). */
 typedef struct kvc_moved_s {
     uint32_t from, to;
 } kvc_moved_t;
@@ -130,6 +143,10 @@ struct kvc_s {
     size_t nlate, late_cap;
     kvc_moved_t *moved; /* late seal dedupes (kvc_moved_t) */
     size_t nmoved, moved_cap;
+    /* ids of peek lookups the caller sent itself (kvc_send, kvc_lookup_send) whose reply it
+     * has not received yet: their pages grant nothing (kvc_granted). Cleared by a hello. */
+    uint64_t *peeks;
+    size_t npeeks, peeks_cap;
 };
 
 static kv_err_t kvc_fail(kvc_t *c, kv_err_t e, const char *fmt, ...)
@@ -249,6 +266,7 @@ void kvc_close(kvc_t **pc)
     kvc_stash_clear(c);
     free(c->late);
     free(c->moved);
+    free(c->peeks);
     kvc_unmap(c);
     if (c->mon) {
         zmq_socket_monitor(c->sock, NULL, 0);
@@ -280,7 +298,8 @@ void kvc_set_safe_epoch(kvc_t *c, uint64_t safe_epoch)
         c->safe_epoch = safe_epoch;
 }
 
-kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id)
+/* kvc_send without noting peek lookups: libkvc's own calls, which know what they sent. */
+static kv_err_t kvc_send_req(kvc_t *c, Kvd__Request *req, uint64_t *id)
 {
     KVC_NULL_CHECK(c);
     req->version = KVP_VERSION;
@@ -305,6 +324,40 @@ kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id)
         free(buf);
     if (id)
         *id = req->id;
+    return e;
+}
+
+static int kvc_is_peek(const Kvd__Request *req)
+{
+    return req->body_case == KVD__REQUEST__BODY_LOOKUP && req->lookup && req->lookup->peek;
+}
+
+/* 1 when id is a peek lookup the caller sent (c->peeks), no longer noted after this. */
+static int kvc_peek_take(kvc_t *c, uint64_t id)
+{
+    for (size_t i = 0; i < c->npeeks; i++)
+        if (c->peeks[i] == id)
+            return c->peeks[i] = c->peeks[--c->npeeks], 1;
+    return 0;
+}
+
+kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id)
+{
+    KVC_NULL_CHECK(c);
+    if (kvc_is_peek(req) && c->npeeks == c->peeks_cap) { /* room first: noting cannot fail */
+        const size_t cap = c->peeks_cap ? 2 * c->peeks_cap : 16;
+        uint64_t *p = realloc(c->peeks, cap * sizeof *p);
+        if (!p)
+            return kvc_fail(c, KV_ERR_NOMEM, "out of memory noting %zu peek lookups", cap);
+        c->peeks = p;
+        c->peeks_cap = cap;
+    }
+    uint64_t sent;
+    kv_err_t e = kvc_send_req(c, req, &sent);
+    if (e == KV_ERR_OK && kvc_is_peek(req))
+        c->peeks[c->npeeks++] = sent;
+    if (id)
+        *id = sent;
     return e;
 }
 
@@ -417,8 +470,8 @@ static int kvc_is_restart(const kvc_t *c, const Kvd__Reply *r)
     return c->session && r->status == KVD__STATUS__NO_SESSION;
 }
 
-/* A page id named by a reply is a live page of the daemon's again: a remembered dedupe of a
- * retired page with that id (kvc_moved_t) is stale from now on. */
+/* The caller was granted pages[n] (see kvc_moved_t for when): a remembered dedupe of a
+ * retired page with one of those ids is stale from now on. */
 static void kvc_moved_forget(kvc_t *c, const uint32_t *pages, size_t n)
 {
     for (size_t i = 0; i < n && c->nmoved; i++)
@@ -429,17 +482,20 @@ static void kvc_moved_forget(kvc_t *c, const uint32_t *pages, size_t n)
             }
 }
 
-/* The pages an OK alloc or lookup reply names (NULL, 0 for any other reply). */
-static const uint32_t *kvc_reply_pages(const Kvd__Reply *r, size_t *n)
+/* A raw reply handed to the caller (kvc_recv, kvc_recv_any, kvc_call): what an OK one
+ * grants the caller ends the moves of those ids (kvc_moved_t). peek: the reply is to a
+ * lookup with peek, which grants nothing. The typed calls check their reply first and call
+ * kvc_moved_forget for what they return. */
+static void kvc_granted(kvc_t *c, const Kvd__Reply *r, int peek)
 {
-    *n = 0;
-    if (r->status != KVD__STATUS__OK)
-        return NULL;
+    if (r->status != KVD__STATUS__OK || !c->nmoved)
+        return;
     if (r->body_case == KVD__REPLY__BODY_ALLOC && r->alloc)
-        return *n = r->alloc->n_pages, r->alloc->pages;
-    if (r->body_case == KVD__REPLY__BODY_LOOKUP && r->lookup)
-        return *n = r->lookup->n_pages, r->lookup->pages;
-    return NULL;
+        kvc_moved_forget(c, r->alloc->pages, r->alloc->n_pages);
+    else if (r->body_case == KVD__REPLY__BODY_LOOKUP && r->lookup && !peek)
+        kvc_moved_forget(c, r->lookup->pages, r->lookup->n_pages);
+    else if (r->body_case == KVD__REPLY__BODY_SEAL && r->seal)
+        kvc_moved_forget(c, &r->seal->page, 1);
 }
 
 static kv_err_t kvc_reply_status(kvc_t *c, Kvd__Reply *r)
@@ -458,9 +514,6 @@ static kv_err_t kvc_reply_status(kvc_t *c, Kvd__Reply *r)
     }
     if (r->epoch > c->epoch)
         c->epoch = r->epoch;
-    size_t np;
-    const uint32_t *pg = kvc_reply_pages(r, &np);
-    kvc_moved_forget(c, pg, np);
     kv_err_t e = kv_err_valid((int)r->status) ? (kv_err_t)r->status : KV_ERR_INTERNAL;
     if (e != KV_ERR_OK)
         snprintf(c->err, sizeof c->err, "%s: %s", kv_err_name((int)e),
@@ -532,11 +585,13 @@ static int kvc_late(kvc_t *c, Kvd__Reply *r)
         return 0;
     const kvc_late_t l = c->late[i];
     c->late[i] = c->late[--c->nlate];
-    size_t n;
-    const uint32_t *pages = kvc_reply_pages(r, &n);
-    kvc_moved_forget(c, pages, n); /* ids reused: see kvc_moved_forget */
-    if (l.kind == KVC_LATE_REFS)
-        kvc_give_back(c, pages, n);
+    /* nothing here is the caller's: no move ends (kvc_moved_t) */
+    if (l.kind == KVC_LATE_REFS && r->status == KVD__STATUS__OK) {
+        if (r->body_case == KVD__REPLY__BODY_ALLOC && r->alloc)
+            kvc_give_back(c, r->alloc->pages, r->alloc->n_pages);
+        else if (r->body_case == KVD__REPLY__BODY_LOOKUP && r->lookup)
+            kvc_give_back(c, r->lookup->pages, r->lookup->n_pages);
+    }
     if (l.kind == KVC_LATE_SEAL && r->status == KVD__STATUS__OK &&
         r->body_case == KVD__REPLY__BODY_SEAL && r->seal && r->seal->page != l.page &&
         !kvc_is_restart(c, r)) {
@@ -572,6 +627,7 @@ static kv_err_t kvc_route(kvc_t *c, Kvd__Reply *r)
         /* an alloc's pages are referenced whoever asked: release them (a lookup's are
          * unless it was a peek, which the reply does not say: those stay) */
         const unsigned long long id = (unsigned long long)r->id;
+        kvc_peek_take(c, r->id);
         if (r->status == KVD__STATUS__OK && r->body_case == KVD__REPLY__BODY_ALLOC)
             kvc_give_back(c, r->alloc->pages, r->alloc->n_pages);
         kvd__reply__free_unpacked(r, NULL);
@@ -593,7 +649,8 @@ static kv_err_t kvc_route(kvc_t *c, Kvd__Reply *r)
     return KV_ERR_OK;
 }
 
-kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
+/* kvc_recv for libkvc's own calls: nothing granted yet (they check the reply first). */
+static kv_err_t kvc_recv_id(kvc_t *c, uint64_t id, Kvd__Reply **rep)
 {
     *rep = NULL;
     KVC_NULL_CHECK(c);
@@ -622,6 +679,14 @@ kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
     }
 }
 
+kv_err_t kvc_recv(kvc_t *c, uint64_t id, Kvd__Reply **rep)
+{
+    const kv_err_t e = kvc_recv_id(c, id, rep);
+    if (*rep)
+        kvc_granted(c, *rep, kvc_peek_take(c, id));
+    return e;
+}
+
 kv_err_t kvc_recv_any(kvc_t *c, Kvd__Reply **rep)
 {
     *rep = NULL;
@@ -632,7 +697,9 @@ kv_err_t kvc_recv_any(kvc_t *c, Kvd__Reply **rep)
         *rep = s->rep;
         free(s);
         c->nstash--;
-        return kvc_reply_status(c, *rep);
+        const kv_err_t e = kvc_reply_status(c, *rep);
+        kvc_granted(c, *rep, kvc_peek_take(c, (*rep)->id));
+        return e;
     }
     const int64_t deadline = kvc_now_ms() + c->timeout_ms;
     for (;;) {
@@ -641,10 +708,13 @@ kv_err_t kvc_recv_any(kvc_t *c, Kvd__Reply **rep)
             return e;
         /* sent before the last hello (as in kvc_recv): from another daemon instance it would
          * also read as a restart of the one we just said hello to */
-        if ((*rep)->id < c->id_floor)
+        if ((*rep)->id < c->id_floor) {
             kvd__reply__free_unpacked(*rep, NULL);
-        else if (!kvc_late(c, *rep))
-            return kvc_reply_status(c, *rep);
+        } else if (!kvc_late(c, *rep)) {
+            const kv_err_t e2 = kvc_reply_status(c, *rep);
+            kvc_granted(c, *rep, kvc_peek_take(c, (*rep)->id));
+            return e2;
+        }
         *rep = NULL;
     }
 }
@@ -657,19 +727,28 @@ void kvc_reply_free(Kvd__Reply **rep)
     }
 }
 
-kv_err_t kvc_call(kvc_t *c, Kvd__Request *req, Kvd__Reply **rep)
+/* kvc_call for libkvc's own calls (kvc_recv_id). */
+static kv_err_t kvc_call_req(kvc_t *c, Kvd__Request *req, Kvd__Reply **rep)
 {
     uint64_t id;
     *rep = NULL;
     KVC_NULL_CHECK(c);
     kv_err_t e = kvc_late_reserve(c);
-    if (e != KV_ERR_OK || (e = kvc_send(c, req, &id)) != KV_ERR_OK)
+    if (e != KV_ERR_OK || (e = kvc_send_req(c, req, &id)) != KV_ERR_OK)
         return e;
-    e = kvc_recv(c, id, rep);
+    e = kvc_recv_id(c, id, rep);
     /* failed without its reply (TIMEOUT, a frame that did not decode, another protocol
      * version, a full stash): nobody can ask for it again, and it may still come */
     if (e != KV_ERR_OK && !*rep)
         kvc_late_add_req(c, id, req);
+    return e;
+}
+
+kv_err_t kvc_call(kvc_t *c, Kvd__Request *req, Kvd__Reply **rep)
+{
+    const kv_err_t e = kvc_call_req(c, req, rep);
+    if (*rep)
+        kvc_granted(c, *rep, kvc_is_peek(req));
     return e;
 }
 
@@ -906,6 +985,7 @@ static void kvc_session_reset(kvc_t *c)
     c->restarted = 0;
     c->nlate = 0;  /* their replies are below the next id_floor: dropped on arrival */
     c->nmoved = 0; /* page ids of the old session mean nothing now */
+    c->npeeks = 0; /* their replies are below the next id_floor too */
     c->safe_epoch = 0; /* an engine in manual mode declares again (epochs restart too) */
     c->pid_seen = 0;
     c->backend[0] = '\0';
@@ -939,7 +1019,7 @@ kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, in
     h.client_name = name;
     h.pid = (uint32_t)getpid();
     Kvd__Reply *rep;
-    kv_err_t e = kvc_call(c, &req, &rep);
+    kv_err_t e = kvc_call_req(c, &req, &rep);
     if (e != KV_ERR_OK) {
         kvc_reply_free(&rep);
         return e;
@@ -1103,7 +1183,7 @@ kv_err_t kvc_alloc_send(kvc_t *c, kv_fmt_t f, uint32_t n, uint64_t *id)
     KVC_REQ(ALLOC, alloc, Kvd__AllocReq, KVD__ALLOC_REQ__INIT);
     body.count = n;
     body.format = (Kvd__Format)f;
-    return kvc_send(c, &req, id);
+    return kvc_send_req(c, &req, id);
 }
 
 /* The caller's part of an alloc reply (rep freed here; e: its status). */
@@ -1119,6 +1199,8 @@ static kv_err_t kvc_alloc_take(kvc_t *c, Kvd__Reply *rep, kv_err_t e, uint32_t n
                          rep->alloc->pages[bad], c->dir_entries);
         else if (n)
             memcpy(pages, rep->alloc->pages, n * sizeof *pages);
+        if (e == KV_ERR_OK) /* the caller's now: ids reused (kvc_moved_t) */
+            kvc_moved_forget(c, pages, n);
         if (e != KV_ERR_OK) /* each page came with a reference the caller never sees */
             kvc_give_back(c, rep->alloc->pages, k);
     }
@@ -1129,7 +1211,7 @@ static kv_err_t kvc_alloc_take(kvc_t *c, Kvd__Reply *rep, kv_err_t e, uint32_t n
 kv_err_t kvc_alloc_recv(kvc_t *c, uint64_t id, uint32_t n, uint32_t *pages)
 {
     Kvd__Reply *rep;
-    kv_err_t e = kvc_recv(c, id, &rep);
+    kv_err_t e = kvc_recv_id(c, id, &rep);
     return rep ? kvc_alloc_take(c, rep, e, n, pages) : e;
 }
 
@@ -1141,7 +1223,7 @@ kv_err_t kvc_alloc(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t *pages)
     kv_err_t e = kvc_late_reserve(c);
     if (e != KV_ERR_OK || (e = kvc_alloc_send(c, f, n, &id)) != KV_ERR_OK)
         return e;
-    if ((e = kvc_recv(c, id, &rep)) != KV_ERR_OK && !rep) {
+    if ((e = kvc_recv_id(c, id, &rep)) != KV_ERR_OK && !rep) {
         kvc_late_add(c, id, KVC_LATE_REFS, 0); /* nobody can ask for it again: kvc_late */
         return e;
     }
@@ -1243,13 +1325,15 @@ kv_err_t kvc_seal(kvc_t *c, uint32_t page, uint32_t prev, const uint32_t *tokens
     body.extra.data = (uint8_t *)extra;
     body.extra.len = extra ? extra_len : 0;
     Kvd__Reply *rep;
-    e = kvc_call(c, &req, &rep);
+    e = kvc_call_req(c, &req, &rep);
     if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_SEAL)) == KV_ERR_OK) {
         if (kvc_bad_page(c, &rep->seal->page, 1) == 0)
             e = kvc_fail(c, KV_ERR_MALFORMED, "seal returned page %u, past the %u-entry directory",
                          rep->seal->page, c->dir_entries);
         else if (out_page)
             *out_page = rep->seal->page;
+        if (e == KV_ERR_OK) /* the caller holds it now: an id reused (kvc_moved_t) */
+            kvc_moved_forget(c, &rep->seal->page, 1);
     }
     kvc_reply_free(&rep);
     return e;
@@ -1275,7 +1359,7 @@ static kv_err_t kvc_lookup_trim(kvc_t *c, const uint32_t *pages, size_t k, size_
     int maybe_applied = 0;
     kv_err_t e = kvc_late_reserve(c);
     if (e == KV_ERR_OK && (e = kvc_release_send_ids(c, pages + cap, k - cap, &rid)) == KV_ERR_OK &&
-        (e = kvc_recv(c, rid, &rr)) != KV_ERR_OK && !rr) {
+        (e = kvc_recv_id(c, rid, &rr)) != KV_ERR_OK && !rr) {
         kvc_late_add(c, rid, KVC_LATE_DROP, 0);
         maybe_applied = 1;
     }
@@ -1303,7 +1387,7 @@ kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extr
     body.extra.len = extra ? extra_len : 0;
     Kvd__Reply *rep;
     *npages = 0;
-    kv_err_t e = kvc_call(c, &req, &rep);
+    kv_err_t e = kvc_call_req(c, &req, &rep);
     if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_LOOKUP)) == KV_ERR_OK) {
         size_t k = rep->lookup->n_pages;
         uint64_t matched = rep->lookup->tokens_matched;
@@ -1340,6 +1424,8 @@ kv_err_t kvc_lookup(kvc_t *c, const uint32_t *tokens, size_t n, const void *extr
         }
         if (k)
             memcpy(pages, rep->lookup->pages, k * sizeof *pages);
+        if (!peek) /* referenced, the caller's now: ids reused (kvc_moved_t) */
+            kvc_moved_forget(c, pages, k);
         *npages = k;
         if (tokens_matched)
             *tokens_matched = (uint32_t)matched;
@@ -1354,7 +1440,7 @@ static kv_err_t kvc_release_send_ids(kvc_t *c, const uint32_t *pages, size_t n, 
     KVC_REQ(RELEASE, release, Kvd__ReleaseReq, KVD__RELEASE_REQ__INIT);
     body.pages = (uint32_t *)pages;
     body.n_pages = n;
-    return kvc_send(c, &req, id);
+    return kvc_send_req(c, &req, id);
 }
 
 kv_err_t kvc_release_send(kvc_t *c, const uint32_t *pages, size_t n, uint64_t *id)
@@ -1380,7 +1466,7 @@ kv_err_t kvc_release(kvc_t *c, const uint32_t *pages, size_t n)
     if (e != KV_ERR_OK || (e = kvc_release_send(c, pages, n, &id)) != KV_ERR_OK)
         return e;
     Kvd__Reply *rep;
-    if ((e = kvc_recv(c, id, &rep)) != KV_ERR_OK && !rep)
+    if ((e = kvc_recv_id(c, id, &rep)) != KV_ERR_OK && !rep)
         kvc_late_add(c, id, KVC_LATE_DROP, 0);
     kvc_reply_free(&rep);
     return e;
@@ -1391,7 +1477,7 @@ kv_err_t kvc_seq_open(kvc_t *c, const char *tag, uint64_t *seq)
     KVC_REQ(SEQ_OPEN, seq_open, Kvd__SeqOpenReq, KVD__SEQ_OPEN_REQ__INIT);
     body.tag = (char *)(tag ? tag : "");
     Kvd__Reply *rep;
-    kv_err_t e = kvc_call(c, &req, &rep);
+    kv_err_t e = kvc_call_req(c, &req, &rep);
     if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_SEQ_OPEN)) == KV_ERR_OK)
         *seq = rep->seq_open->seq_id;
     kvc_reply_free(&rep);
@@ -1413,7 +1499,7 @@ kv_err_t kvc_seq_append(kvc_t *c, uint64_t seq, const uint32_t *pages, size_t n)
     body.pages = (uint32_t *)ids;
     body.n_pages = n;
     Kvd__Reply *rep;
-    e = kvc_call(c, &req, &rep);
+    e = kvc_call_req(c, &req, &rep);
     kvc_reply_free(&rep);
     free(owned);
     return e;
@@ -1424,7 +1510,7 @@ kv_err_t kvc_seq_close(kvc_t *c, uint64_t seq)
     KVC_REQ(SEQ_CLOSE, seq_close, Kvd__SeqCloseReq, KVD__SEQ_CLOSE_REQ__INIT);
     body.seq_id = seq;
     Kvd__Reply *rep;
-    kv_err_t e = kvc_call(c, &req, &rep);
+    kv_err_t e = kvc_call_req(c, &req, &rep);
     kvc_reply_free(&rep);
     return e;
 }
@@ -1433,7 +1519,7 @@ kv_err_t kvc_goodbye(kvc_t *c, uint64_t *released)
 {
     KVC_REQ(GOODBYE, goodbye, Kvd__GoodbyeReq, KVD__GOODBYE_REQ__INIT);
     Kvd__Reply *rep;
-    kv_err_t e = kvc_call(c, &req, &rep);
+    kv_err_t e = kvc_call_req(c, &req, &rep);
     if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_GOODBYE)) == KV_ERR_OK) {
         c->session = 0;
         if (released)
@@ -1448,7 +1534,7 @@ kv_err_t kvc_heartbeat(kvc_t *c, uint64_t completed_epoch)
     KVC_REQ(HEARTBEAT, heartbeat, Kvd__HeartbeatReq, KVD__HEARTBEAT_REQ__INIT);
     body.completed_epoch = completed_epoch;
     Kvd__Reply *rep;
-    kv_err_t e = kvc_call(c, &req, &rep);
+    kv_err_t e = kvc_call_req(c, &req, &rep);
     /* the epoch never goes back (kvc_reply_status): a lower one would make the next call
      * report a decreasing safe epoch, which the daemon refuses */
     if (e == KV_ERR_OK && (e = kvc_expect(c, rep, KVD__REPLY__BODY_HEARTBEAT)) == KV_ERR_OK &&

@@ -156,11 +156,12 @@ kv_err_t kvc_alloc(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t *pages);
  * A seal that fails without its reply (TIMEOUT) may still be applied, and if it is a dedupe
  * the daemon moves this session's references on `page` to the cached page Q. libkvc learns Q
  * from the late reply and from then on sends Q where the caller names `page` in kvc_release,
- * kvc_release_send, kvc_seq_append and the prev of kvc_seal, until a reply names `page` again
- * (the id reused). Each of those calls first waits (up to the timeout) for that reply when it
- * names `page` before the reply came; TIMEOUT, nothing sent, when it does not come (a second
- * call no longer waits). Kernels must not read `page` after such a TIMEOUT: it may be retired;
- * release it (or seq_close) and look the tokens up again. */
+ * kvc_release_send, kvc_seq_append and the prev of kvc_seal, until a reply the caller receives
+ * grants it `page` again (the id reused: an alloc, a lookup without peek, a seal's page; not a
+ * peek, nor a late reply libkvc releases itself). Each of those calls first waits (up to the
+ * timeout) for that reply when it names `page` before the reply came; TIMEOUT, nothing sent,
+ * when it does not come (a second call no longer waits). Kernels must not read `page` after
+ * such a TIMEOUT: it may be retired; release it (or seq_close) and look the tokens up again. */
 kv_err_t kvc_seal(kvc_t *c, uint32_t page, uint32_t prev, const uint32_t *tokens, size_t n,
                   const void *extra, size_t extra_len, uint32_t *out_page);
 /* pages[cap] receives the matched pages (referenced unless peek); *npages their count;

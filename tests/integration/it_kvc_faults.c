@@ -49,6 +49,14 @@
  *              replies (they piled up without bound);
  *   lookup cap 3 pages for a cap of 1 and the release of the 2 beyond fails: all 3 are given
  *              back (the one within the cap leaked).
+ * The moved-page review (round 3), each failing before its fix in client/kvc.c; after a late
+ * dedupe moved page 2 to 6 (moved_2_to_6):
+ *   by seal    a seal deduplicates onto the reused id 2: its release and the prev of the next
+ *              seal name 2 (they named 6: only alloc and lookup replies ended a move);
+ *   late alloc a timed-out alloc's late reply names 2 (libkvc releases it): the caller's old
+ *              2 is still sent as 6 (it was sent as 2: released twice, 6 leaked);
+ *   peek       a peek lookup naming 2, typed or pipelined, grants nothing: 6 still; a lookup
+ *              without peek does: then 2.
  * Each failed hello leaves kvc_session_id() at 0, and no fd of this process is left open.
  */
 #include <dirent.h>
@@ -59,6 +67,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,8 +104,9 @@ enum {
 #define MAX_SEEN    256
 #define MAX_HELD    128
 
-/* A reply the fake sends later: when its time comes (due_ms), or before the answer to the
- * next status request (due_ms 0). */
+/* A reply the fake sends later: when its time comes (due_ms), before the answer to the next
+ * status request (due_ms 0), or once the test sets release_held (due_ms HELD_FOR_TEST). */
+#define HELD_FOR_TEST INT64_MAX
 typedef struct held_s {
     zmq_msg_t rid;
     uint8_t *buf;
@@ -123,8 +133,11 @@ typedef struct fake_s {
     int garbage_alloc;      /* a frame that does not decode goes before the next alloc reply */
     int seal_honest;        /* a seal returns its own page (not one past the directory) */
     uint32_t seal_to;       /* != KVP_NO_PAGE: the next seal is a dedupe to this page... */
-    int seal_delay_ms;      /* ...answered this late */
-    uint32_t lookup_pages;  /* > 0: a lookup returns pages 5, 6, ... and their tokens */
+    int seal_hold;          /* ...answered once the test sets release_held (0: at once) */
+    /* set by the test thread (release_held): send the replies held for it (HELD_FOR_TEST) */
+    int release_held;
+    uint32_t lookup_pages;  /* > 0: a lookup returns pages lookup_first, +1, ... and tokens */
+    uint32_t lookup_first;  /* 0: 5 */
     int release_fail;       /* this many releases answered NOMEM (not applied) */
     uint32_t reply_version; /* != 0: the next reply's protocol version */
     int status_copies;      /* the next status request is answered this many times */
@@ -235,9 +248,12 @@ static void send_reply(fake_t *f, zmq_msg_t *rid, Kvd__Reply *rep)
 static void send_held(fake_t *f, int all)
 {
     size_t k = 0;
+    const int released = __atomic_exchange_n(&f->release_held, 0, __ATOMIC_SEQ_CST);
     for (size_t i = 0; i < f->nheld; i++) {
         held_t *h = &f->held[i];
-        if (all || (h->due_ms && now_ms() >= h->due_ms)) {
+        const int due = h->due_ms == HELD_FOR_TEST ? released
+                                                   : h->due_ms && now_ms() >= h->due_ms;
+        if (all || due) {
             send_frame(f, &h->rid, h->buf, h->len);
             zmq_msg_close(&h->rid);
             free(h->buf);
@@ -246,6 +262,12 @@ static void send_held(fake_t *f, int all)
         }
     }
     f->nheld = k;
+}
+
+/* (test thread) The replies held for the test go before the answer to the next request. */
+static void release_held(fake_t *f)
+{
+    __atomic_store_n(&f->release_held, 1, __ATOMIC_SEQ_CST);
 }
 
 /* The mode's HelloRep. */
@@ -365,7 +387,8 @@ static void fake_answer(fake_t *f, zmq_msg_t *rid, const Kvd__Request *req)
         l.n_pages = 1;
         l.tokens_matched = 2 * f->g.page_tokens;
         for (uint32_t i = 0; f->lookup_pages && i < f->lookup_pages && i < 4; i++)
-            pages[i] = 5 + i, l.n_pages = i + 1, l.tokens_matched = (i + 1) * f->g.page_tokens;
+            pages[i] = (f->lookup_first ? f->lookup_first : 5) + i, l.n_pages = i + 1,
+            l.tokens_matched = (i + 1) * f->g.page_tokens;
         rep.body_case = KVD__REPLY__BODY_LOOKUP;
         rep.lookup = &l;
         break;
@@ -375,12 +398,15 @@ static void fake_answer(fake_t *f, zmq_msg_t *rid, const Kvd__Request *req)
             f->seal_prev[f->nseal++] = req->seal->has_prev ? req->seal->prev : KVP_NO_PAGE;
         rep.body_case = KVD__REPLY__BODY_SEAL;
         rep.seal = &sl;
-        if (f->seal_to != KVP_NO_PAGE) { /* a dedupe, answered late */
+        if (f->seal_to != KVP_NO_PAGE) { /* a dedupe, answered at once or held */
             sl.page = f->seal_to;
             sl.deduplicated = 1;
             f->seal_to = KVP_NO_PAGE;
-            send_reply_at(f, rid, &rep, now_ms() + f->seal_delay_ms);
-            return;
+            if (f->seal_hold) {
+                f->seal_hold = 0;
+                send_reply_at(f, rid, &rep, HELD_FOR_TEST);
+                return;
+            }
         }
         break;
     case KVD__REQUEST__BODY_HEARTBEAT: /* an epoch below the hello's */
@@ -427,6 +453,7 @@ static void *fake_router(void *arg)
         Kvd__Request *req = kvd__request__unpack(NULL, zmq_msg_size(&pl), zmq_msg_data(&pl));
         if (!req)
             abort();
+        send_held(f, 0); /* release_held set before this request was sent: before its reply */
         fake_answer(f, &rid, req);
         kvd__request__free_unpacked(req, NULL);
         zmq_msg_close(&rid);
@@ -789,7 +816,9 @@ static void test_late_list_unbounded(void **state)
 /* Round 2, item 2: a seal of page 2 times out, and its reply comes later: a dedupe to page 6,
  * where the daemon moved our reference. A seal naming 2 as prev and a release of 2 must name
  * 6 (they named 2: the release would fail at a real daemon, and 6's reference leak); both wait
- * for the seal's reply, which arrives while they do. Once an alloc returns 2 again, 2 is 2. */
+ * for the seal's reply, which arrives while they do: the fake sends it only once the first
+ * seal has timed out, and the wait for it has the whole timeout (1 s; it comes within the
+ * router's 2 ms poll). Once an alloc returns 2 again, 2 is 2. */
 static void test_seal_timeout_dedupe(void **state)
 {
     (void)state;
@@ -798,14 +827,14 @@ static void test_seal_timeout_dedupe(void **state)
     f.honest_alloc = 1;
     f.alloc_page = 2;
     f.seal_honest = 1;
-    f.seal_delay_ms = 300;
     fake_run(&f);
-    kvc_t *c = fast_client(&f, 200);
+    kvc_t *c = fast_client(&f, 1000);
     uint32_t tok[16] = {0}, out = 99, pg[2] = {1, 2};
     f.seal_to = 6;
+    f.seal_hold = 1;
     assert_int_equal(kvc_seal(c, 2, KVP_NO_PAGE, tok, 16, NULL, 0, &out), KV_ERR_TIMEOUT);
     assert_int_equal(out, 99);
-    /* at once: the seal's reply is due 100 ms after this call's wait begins */
+    release_held(&f); /* the seal's reply comes now: while the next call waits for it */
     assert_int_equal(kvc_seal(c, 3, 2, tok, 16, NULL, 0, &out), KV_ERR_OK);
     assert_int_equal(out, 3);
     assert_int_equal(kvc_release(c, pg, 2), KV_ERR_OK);
@@ -822,6 +851,122 @@ static void test_seal_timeout_dedupe(void **state)
     assert_int_equal(f.nseal, 2);
     assert_int_equal(f.seal_prev[1], 6);
     assert_string_equal(rel, "1,6,2");
+}
+
+/* The start of the tests below: a client of f whose seal of page 2 timed out and whose late
+ * reply, a dedupe to page 6, has come (during a heartbeat, before its reply): libkvc sends 6
+ * where the caller names its old page 2. No timing but the seal's own timeout. */
+static kvc_t *moved_2_to_6(fake_t *f)
+{
+    fake_start(f, GOOD);
+    f->honest_alloc = 1;
+    f->seal_honest = 1;
+    fake_run(f);
+    kvc_t *c = fast_client(f, 300);
+    uint32_t tok[16] = {0}, out = 99;
+    f->seal_to = 6;
+    f->seal_hold = 1;
+    assert_int_equal(kvc_seal(c, 2, KVP_NO_PAGE, tok, 16, NULL, 0, &out), KV_ERR_TIMEOUT);
+    release_held(f); /* before the heartbeat's reply: the move is known after sync_with */
+    sync_with(c);
+    return c;
+}
+
+/* Round 3 (the moved-page review), item (a): a move is forgotten when a SEAL reply names the
+ * reused id. After 2 moved to 6 and the caller released its old 2 (sent as 6), a seal of page
+ * 7 deduplicates onto page 2, a live page again, now held by the caller. Its release and the
+ * prev of the next seal must name 2 (they named 6: only alloc and lookup replies ended a
+ * move, so the new 2 leaked, 6 lost a reference it did not hold, and the seal's parent hash
+ * was 6's). */
+static void test_moved_forgot_by_seal(void **state)
+{
+    (void)state;
+    fake_t f;
+    kvc_t *c = moved_2_to_6(&f);
+    uint32_t tok[16] = {0}, out = 99, old = 2;
+    assert_int_equal(kvc_release(c, &old, 1), KV_ERR_OK); /* the old 2: sent as 6 */
+    f.seal_to = 2; /* answered at once: an OK seal reply naming 2 */
+    assert_int_equal(kvc_seal(c, 7, KVP_NO_PAGE, tok, 16, NULL, 0, &out), KV_ERR_OK);
+    assert_int_equal(out, 2);
+    assert_int_equal(kvc_seal(c, 3, out, tok, 16, NULL, 0, &out), KV_ERR_OK);
+    assert_int_equal(out, 3);
+    old = 2;
+    assert_int_equal(kvc_release(c, &old, 1), KV_ERR_OK); /* the new 2 */
+    kvc_close(&c);
+    fake_stop(&f);
+    char rel[128];
+    released_str(&f, rel, sizeof rel);
+    print_message("released: %s; prev of the third seal: %u\n", rel, f.seal_prev[2]);
+    assert_int_equal(f.nseal, 3);
+    assert_int_equal(f.seal_prev[2], 2);
+    assert_string_equal(rel, "6,2");
+}
+
+/* Round 3, item (b): a move is NOT forgotten for a reply the caller never receives. After 2
+ * moved to 6, an alloc times out and its late reply names page 2, which libkvc releases
+ * itself (the caller never saw it). The caller's release of its old 2 must still name 6 (it
+ * named 2: 2 released twice, and the reference on 6 leaked). */
+static void test_moved_kept_by_late_alloc(void **state)
+{
+    (void)state;
+    fake_t f;
+    kvc_t *c = moved_2_to_6(&f);
+    f.alloc_page = 2;
+    f.hold_alloc = 1; /* its reply waits for the next status request */
+    uint32_t pg[1] = {99};
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, pg), KV_ERR_TIMEOUT);
+    f.hold_alloc = 0;
+    Kvd__Request req = KVD__REQUEST__INIT;
+    Kvd__StatusReq st = KVD__STATUS_REQ__INIT;
+    req.body_case = KVD__REQUEST__BODY_STATUS;
+    req.status = &st;
+    Kvd__Reply *rep = NULL;
+    /* the late alloc reply comes before the status reply: its release of 2 is sent */
+    assert_int_equal(kvc_call(c, &req, &rep), KV_ERR_OK);
+    kvc_reply_free(&rep);
+    uint32_t old = 2;
+    assert_int_equal(kvc_release(c, &old, 1), KV_ERR_OK);
+    kvc_close(&c);
+    fake_stop(&f);
+    char rel[128];
+    released_str(&f, rel, sizeof rel);
+    print_message("released: %s\n", rel);
+    assert_string_equal(rel, "2,6");
+}
+
+/* Round 3, item (b): a PEEK lookup naming the id grants nothing either, typed or pipelined:
+ * the caller's old 2 is still 6 after each (it was 2 after the first: kvc_reply_status
+ * forgot the move for any lookup reply). A lookup that takes references does grant 2: then
+ * 2 is 2. */
+static void test_moved_kept_by_peek(void **state)
+{
+    (void)state;
+    fake_t f;
+    kvc_t *c = moved_2_to_6(&f);
+    f.lookup_pages = 1;
+    f.lookup_first = 2;
+    uint32_t tok[16] = {0}, pg[1] = {99}, matched = 0, old = 2;
+    size_t np = 0;
+    assert_int_equal(kvc_lookup(c, tok, 16, NULL, 0, 1, pg, 1, &np, &matched), KV_ERR_OK);
+    assert_int_equal(np, 1);
+    assert_int_equal(pg[0], 2);
+    assert_int_equal(kvc_release(c, &old, 1), KV_ERR_OK); /* 6 */
+    uint64_t id = 0;
+    Kvd__Reply *rep = NULL;
+    assert_int_equal(kvc_lookup_send(c, tok, 16, 1, &id), KV_ERR_OK);
+    assert_int_equal(kvc_recv(c, id, &rep), KV_ERR_OK);
+    assert_int_equal(rep->lookup->pages[0], 2);
+    kvc_reply_free(&rep);
+    assert_int_equal(kvc_release(c, &old, 1), KV_ERR_OK); /* 6 */
+    assert_int_equal(kvc_lookup(c, tok, 16, NULL, 0, 0, pg, 1, &np, &matched), KV_ERR_OK);
+    assert_int_equal(pg[0], 2);
+    assert_int_equal(kvc_release(c, &old, 1), KV_ERR_OK); /* the new 2 */
+    kvc_close(&c);
+    fake_stop(&f);
+    char rel[128];
+    released_str(&f, rel, sizeof rel);
+    print_message("released: %s\n", rel);
+    assert_string_equal(rel, "6,6,2");
 }
 
 /* Round 2, item 3: a frame that does not decode comes before an alloc's reply. The alloc
@@ -1010,6 +1155,9 @@ int main(void)
         cmocka_unit_test(test_calls_after_close),
         cmocka_unit_test(test_late_list_unbounded),
         cmocka_unit_test(test_seal_timeout_dedupe),
+        cmocka_unit_test(test_moved_forgot_by_seal),
+        cmocka_unit_test(test_moved_kept_by_late_alloc),
+        cmocka_unit_test(test_moved_kept_by_peek),
         cmocka_unit_test(test_undecodable_frame),
         cmocka_unit_test(test_reply_version),
         cmocka_unit_test(test_stash_bound),
