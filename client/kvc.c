@@ -114,6 +114,9 @@ struct kvc_s {
     int auth_failed;
     /* session */
     uint64_t session, epoch, instance;
+    /* the daemon's max_msg_bytes (HelloRep; 0: not told, nothing checked): a request over it
+     * would be dropped unanswered with the connection, losing the session (decision 54) */
+    uint64_t max_msg;
     int manual_epoch;    /* 0: report the latest epoch seen (no asynchronous kernels) */
     uint64_t safe_epoch; /* manual mode: what the engine last declared */
     uint32_t pid_seen;
@@ -311,6 +314,14 @@ static kv_err_t kvc_send_req(kvc_t *c, Kvd__Request *req, uint64_t *id)
     if (c->session && !req->completed_epoch)
         req->completed_epoch = c->manual_epoch ? c->safe_epoch : c->epoch;
     size_t n = kvd__request__get_packed_size(req);
+    if (c->max_msg && n > c->max_msg) {
+        req->completed_epoch = caller_epoch;
+        return kvc_fail(c, KV_ERR_INVALID_ARGUMENT,
+                        "a request of %zu bytes is over the daemon's max_msg_bytes (%llu): it "
+                        "would be dropped unanswered with the connection; send fewer tokens or "
+                        "pages per call",
+                        n, (unsigned long long)c->max_msg);
+    }
     uint8_t stackbuf[4096];
     uint8_t *buf = n <= sizeof stackbuf ? stackbuf : malloc(n);
     if (!buf) {
@@ -981,7 +992,7 @@ static void kvc_session_reset(kvc_t *c)
 {
     kvc_unmap(c);
     kvc_stash_clear(c);
-    c->session = c->epoch = c->instance = c->new_instance = 0;
+    c->session = c->epoch = c->instance = c->new_instance = c->max_msg = 0;
     c->restarted = 0;
     c->nlate = 0;  /* their replies are below the next id_floor: dropped on arrival */
     c->nmoved = 0; /* page ids of the old session mean nothing now */
@@ -1035,6 +1046,7 @@ kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, in
     }
     c->session = hr->session_id;
     c->epoch = hr->epoch;
+    c->max_msg = hr->max_msg_bytes;
     c->instance = hr->instance;
     c->pid_seen = hr->pid;
     snprintf(c->events_endpoint, sizeof c->events_endpoint, "%s",

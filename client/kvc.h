@@ -123,7 +123,9 @@ void kvc_set_safe_epoch(kvc_t *c, uint64_t safe_epoch);
 /* ---- pipelining -------------------------------------------------------------------------- */
 /* Fill version and a fresh id into req, pack and send. req stays owned by the caller and may
  * be sent again: completed_epoch, when 0, is filled in the packed bytes only (the safe epoch
- * of each send). */
+ * of each send). INVALID_ARGUMENT, nothing sent, when the packed request is over the daemon's
+ * max_msg_bytes (told at hello): the daemon would drop it unanswered with the connection, and
+ * the session with it. Every typed call goes through here. */
 kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id);
 /* Wait for the reply to id. On KV_ERR_OK or on a daemon error status, *rep is the reply (free
  * with kvc_reply_free) and the return value is its status; on a local failure *rep is NULL:

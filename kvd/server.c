@@ -694,6 +694,7 @@ static kv_err_t kvd_op_hello(kvd_req_ctx_t *c)
     b_->lease_ms = (uint32_t)s->cfg->lease_ms;
     b_->instance = s->instance;
     b_->events_endpoint = s->cfg->events_endpoint;
+    b_->max_msg_bytes = s->msg_bytes;
     b_->backend = (char *)ex->backend; /* how the client imports the fds (kvc_cuda.c) */
     Kvd__PoolDesc **pd = ar_alloc(s, sizeof(*pd) * (KV_FMT_COUNT + 1));
     if (!pd || !b_->geometry)

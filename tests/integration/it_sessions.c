@@ -20,6 +20,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -428,9 +429,46 @@ static void test_rehello_while_draining(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* A request over the daemon's max_msg_bytes is not answered: libzmq drops it with the
+ * connection, and the session was lost to the client (TIMEOUT, then NO_SESSION on every call
+ * with no restart to react to, while the old session pinned the safe epoch; the review of the
+ * session-12 diff showed it with a lookup 5% over max_tokens). libkvc now learns the bound at
+ * hello (HelloRep.max_msg_bytes) and refuses such a request itself, at once; the session
+ * works on. */
+static void test_request_over_max_msg_bytes(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--max_tokens", "4096", NULL};
+    itest_kvd_t k;
+    itest_kvd_start(&k, extra);
+    kvc_t *c = NULL;
+    assert_int_equal(kvc_connect(&c, k.endpoint, 3000), KV_ERR_OK);
+    assert_int_equal(kvc_hello(c, NULL, "oversize", 1), KV_ERR_OK);
+    const uint64_t sid = kvc_session_id(c);
+    const size_t n = 1u << 20; /* ~5 MB packed, far over the bound max_tokens 4096 derives */
+    uint32_t *tok = calloc(n, sizeof *tok), got[4], matched = 0;
+    assert_non_null(tok);
+    size_t np = 0;
+    const kv_err_t e = kvc_lookup(c, tok, n, NULL, 0, 0, got, 4, &np, &matched);
+    free(tok);
+    if (e != KV_ERR_INVALID_ARGUMENT)
+        fail_msg("an oversized lookup: %s (%s), want INVALID_ARGUMENT from libkvc",
+                 kv_err_name(e), kvc_errmsg(c));
+    assert_non_null(strstr(kvc_errmsg(c), "max_msg_bytes"));
+    uint32_t page;
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 1, &page), KV_ERR_OK); /* the session lives on */
+    assert_int_equal(kvc_session_id(c), sid);
+    assert_int_equal(kvc_release(c, &page, 1), KV_ERR_OK);
+    assert_int_equal(itest_stat(&k, "sessions"), 1);
+    kvc_close(&c);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_request_over_max_msg_bytes),
         cmocka_unit_test(test_one_process_many_sessions),
         cmocka_unit_test(test_routing_id_is_not_a_session),
         cmocka_unit_test(test_lookup_cap),
