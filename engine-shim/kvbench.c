@@ -117,6 +117,9 @@ static pid_t spawn_kvd(char *const *argv, const char *ep)
             close(fd);
         }
         execv(kvd, argv);
+        /* into the log, which the parent shows: an empty log said nothing (a --kvd that names
+         * a directory or a file without the x bit is EACCES here) */
+        fprintf(stderr, "kvbench: cannot execute %s: %s\n", kvd, strerror(errno));
         _exit(127);
     }
     for (int64_t t0 = now_ns(); now_ns() - t0 < 30000000000LL;) {
@@ -126,6 +129,18 @@ static pid_t spawn_kvd(char *const *argv, const char *ep)
         int status;
         if (waitpid(pid, &status, WNOHANG) == pid) {
             fprintf(stderr, "kvbench: %s exited during startup (see %s)\n", kvd, logp);
+            FILE *lf = fopen(logp, "r"); /* its last lines, where the reason usually is */
+            if (lf) {
+                char tail[2048];
+                if (fseek(lf, 0, SEEK_END) == 0 && ftell(lf) > (long)sizeof tail - 1)
+                    fseek(lf, -(long)(sizeof tail - 1), SEEK_END);
+                else
+                    rewind(lf);
+                const size_t n = fread(tail, 1, sizeof tail - 1, lf);
+                tail[n] = '\0';
+                fclose(lf);
+                fputs(tail, stderr);
+            }
             exit(1);
         }
         usleep(2000);

@@ -16,7 +16,8 @@
  * 2. a running daemon (--endpoint, itest's): the lifecycle retiers Stale pages to TQ3 while the
  *    workers decode (--attn-all, every layer checked); afterwards no reference is left and
  *    `kvctl check` is clean.
- * 3. bad arguments: exit 2 and usage; a missing daemon: exit 1 naming the socket; --help: 0.
+ * 3. bad arguments: exit 2 and usage; a missing daemon: exit 1 naming the socket; a --kvd that
+ *    cannot be executed: exit 1 saying why; --help: 0.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -204,6 +206,17 @@ static void test_bad_arguments(void **state)
                                out, OUT_CAP),
                      1);
     assert_non_null(strstr(out, "no socket file /nonexistent/kvd.sock"));
+    /* a --kvd that cannot be executed (a directory: EACCES) says why; its log was empty */
+    assert_int_equal(
+        itest_run((const char *[]){KVBENCH_BIN, "rpc", "--kvd", "/tmp", NULL}, out, OUT_CAP), 1);
+    assert_non_null(strstr(out, "cannot execute /tmp: Permission denied"));
+    const char *see = strstr(out, "(see /tmp/kvbench-"); /* kept for the user: remove it here */
+    assert_non_null(see);
+    char logp[256];
+    assert_int_equal(sscanf(see, "(see %255[^)])", logp), 1);
+    assert_int_equal(unlink(logp), 0);
+    *strrchr(logp, '/') = '\0';
+    assert_int_equal(rmdir(logp), 0);
     assert_int_equal(
         itest_run((const char *[]){KVBENCH_BIN, "engine", "--help", NULL}, out, OUT_CAP), 0);
     assert_non_null(strstr(out, "--workers W"));
