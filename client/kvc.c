@@ -352,16 +352,29 @@ static int kvc_peek_take(kvc_t *c, uint64_t id)
     return 0;
 }
 
+/* Room for one more element after the n used of an array of *cap (elem bytes each), by
+ * doubling (first 16): the array, moved or not, or NULL with it untouched when memory runs out.
+ * The late, moved and peek lists grow this way. */
+static void *kvc_grow(void *arr, size_t n, size_t *cap, size_t elem)
+{
+    if (n < *cap)
+        return arr;
+    const size_t c2 = *cap ? 2 * *cap : 16;
+    void *p = realloc(arr, c2 * elem);
+    if (p)
+        *cap = c2;
+    return p;
+}
+
 kv_err_t kvc_send(kvc_t *c, Kvd__Request *req, uint64_t *id)
 {
     KVC_NULL_CHECK(c);
-    if (kvc_is_peek(req) && c->npeeks == c->peeks_cap) { /* room first: noting cannot fail */
-        const size_t cap = c->peeks_cap ? 2 * c->peeks_cap : 16;
-        uint64_t *p = realloc(c->peeks, cap * sizeof *p);
+    if (kvc_is_peek(req)) { /* room first: noting cannot fail */
+        uint64_t *p = kvc_grow(c->peeks, c->npeeks, &c->peeks_cap, sizeof *p);
         if (!p)
-            return kvc_fail(c, KV_ERR_NOMEM, "out of memory noting %zu peek lookups", cap);
+            return kvc_fail(c, KV_ERR_NOMEM, "out of memory noting %zu peek lookups",
+                            c->npeeks + 1);
         c->peeks = p;
-        c->peeks_cap = cap;
     }
     uint64_t sent;
     kv_err_t e = kvc_send_req(c, req, &sent);
@@ -538,14 +551,11 @@ static kv_err_t kvc_reply_status(kvc_t *c, Kvd__Reply *r)
  * failure cannot fail (kvc_late_add). NOMEM: send nothing. */
 static kv_err_t kvc_late_reserve(kvc_t *c)
 {
-    if (c->nlate < c->late_cap)
-        return KV_ERR_OK;
-    const size_t cap = c->late_cap ? 2 * c->late_cap : 16;
-    kvc_late_t *l = realloc(c->late, cap * sizeof *l);
+    kvc_late_t *l = kvc_grow(c->late, c->nlate, &c->late_cap, sizeof *l);
     if (!l)
-        return kvc_fail(c, KV_ERR_NOMEM, "out of memory for %zu late-reply entries", cap);
+        return kvc_fail(c, KV_ERR_NOMEM, "out of memory for %zu late-reply entries",
+                        c->nlate + 1);
     c->late = l;
-    c->late_cap = cap;
     return KV_ERR_OK;
 }
 
@@ -607,16 +617,13 @@ static int kvc_late(kvc_t *c, Kvd__Reply *r)
         r->body_case == KVD__REPLY__BODY_SEAL && r->seal && r->seal->page != l.page &&
         !kvc_is_restart(c, r)) {
         const uint32_t to = r->seal->page;
-        if (c->nmoved == c->moved_cap) {
-            const size_t cap = c->moved_cap ? 2 * c->moved_cap : 8;
-            kvc_moved_t *m = realloc(c->moved, cap * sizeof *m);
-            if (m)
-                c->moved = m, c->moved_cap = cap;
-        }
-        if (c->nmoved < c->moved_cap)
+        kvc_moved_t *m = kvc_grow(c->moved, c->nmoved, &c->moved_cap, sizeof *m);
+        if (m) {
+            c->moved = m;
             c->moved[c->nmoved++] = (kvc_moved_t){.from = l.page, .to = to};
-        else /* no memory to remember it: return the moved reference rather than leak it */
+        } else { /* no memory to remember it: return the moved reference rather than leak it */
             kvc_give_back(c, &to, 1);
+        }
     }
     kvd__reply__free_unpacked(r, NULL);
     return 1;
