@@ -1512,18 +1512,28 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     TRACE(4 + 3 * FMT);
 }
 
-/* the empty partition of kvkern.h: (−inf, 0, Ō = 0) */
+/* the empty partition of kvkern.h: (−inf, 0) and no Ō row, which the merge never reads for
+ * l = 0 (kvkern_cuda.h). v31: writing the gh·D zeros took 12 stores and their index math per
+ * thread of a d = 256 block without FP8 pages, cold code ahead of its TQ3 phase. */
 template <int D>
 __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &bk, int fmt)
 {
     const size_t part = ((size_t)bk.s * a.num_splits + bk.split) * KV_FMT_COUNT + (size_t)fmt;
-    for (uint32_t i = threadIdx.x; i < bk.gh * D; i += FastCfg<D>::kThreads) {
-        const uint32_t h = i / D, x = i % D;
-        if (x == 0) {
-            a.part_m[part * a.q_heads + bk.h0 + h] = -INFINITY;
-            a.part_l[part * a.q_heads + bk.h0 + h] = 0.0f;
+    if constexpr (D == 256) {
+        if (threadIdx.x < bk.gh) {
+            a.part_m[part * a.q_heads + bk.h0 + threadIdx.x] = -INFINITY;
+            a.part_l[part * a.q_heads + bk.h0 + threadIdx.x] = 0.0f;
         }
-        a.part_o[(part * a.q_heads + bk.h0 + h) * D + x] = 0.0f;
+    } else { /* v29's loop, zeros included: dropping them re-drew this kernel's hot loops into
+              * slower forms (bench/sass_loops.py), and its blocks write few of them */
+        for (uint32_t i = threadIdx.x; i < bk.gh * D; i += FastCfg<D>::kThreads) {
+            const uint32_t h = i / D, x = i % D;
+            if (x == 0) {
+                a.part_m[part * a.q_heads + bk.h0 + h] = -INFINITY;
+                a.part_l[part * a.q_heads + bk.h0 + h] = 0.0f;
+            }
+            a.part_o[(part * a.q_heads + bk.h0 + h) * D + x] = 0.0f;
+        }
     }
 }
 

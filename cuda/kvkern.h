@@ -93,7 +93,9 @@ typedef struct kv_attn_batch_s {
  * Partition index of (s, split, fmt) = (s * num_splits + split) * KV_FMT_COUNT + fmt.
  *   part_m, part_l: [batch * num_splits * KV_FMT_COUNT][q_heads]
  *   part_o:         [batch * num_splits * KV_FMT_COUNT][q_heads][d]   normalized Ō
- * An empty partition has m = -INFINITY, l = 0, Ō = 0. TQ3 partitions score with the rotated
+ * An empty partition has m = -INFINITY, l = 0, Ō = 0 (the CUDA kernels may leave its Ō row
+ * unwritten: kv_attn_merge and the CUDA merge never read the Ō of an l = 0 partition). TQ3
+ * partitions score with the rotated
  * query and accumulate in the rotated basis, un-rotating Ō once per partition. */
 static inline uint32_t kv_attn_num_parts(uint32_t batch, uint32_t num_splits)
 {

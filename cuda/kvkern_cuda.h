@@ -98,7 +98,8 @@ kvk_status_t kvk_cuda_dir_store(kv_dir_entry_t *dir, uint32_t dir_len, uint32_t 
 /* ---- paged decode attention (attn.c twin) -------------------------------------------------- */
 /* Partition layout, m/l/Ō semantics and the split rule are exactly kv_attn_partial's
  * (kvkern.h): part index (s * num_splits + split) * KV_FMT_COUNT + fmt, m in natural-log
- * units, l = Σ exp(s − m), Ō normalised, empty partition (−inf, 0, 0). q: [batch][q_heads][d]
+ * units, l = Σ exp(s − m), Ō normalised, empty partition (−inf, 0) with its Ō row unspecified
+ * (the d = 256 kernel does not write it; no merge reads it). q: [batch][q_heads][d]
  * float, 16-byte aligned (KVK_EINVAL otherwise). b->page_indptr, b->page_ids, b->seq_len are
  * device arrays. q_heads / kv_heads may be any integer ≥ 1; groups of more than 8 query heads
  * are handled by several blocks. */
