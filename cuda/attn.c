@@ -4,8 +4,9 @@
  * Partition scheme (the contract is in kvkern.h; docs/attention.md has the math):
  *
  *   sequence s:  pages  P0 P1 P2 P3 P4 P5 P6        (logical order, each FP8 or TQ3)
- *   num_splits 3: chunk = ceil(7/3) = 3 pages, 3·3 − 7 = 2 short: one off each end
- *                 split 0: P0 P1 | split 1: P2 P3 P4 | split 2: P5 P6   (kv_attn_split_range)
+ *   num_splits 3: chunk = ceil(7/3) + 1 = 4 pages, 3·4 − 7 = 5 short: 2 off the first, 3 off
+ *                 the last: split 0: P0 P1 | split 1: P2 P3 P4 P5 | split 2: P6
+ *                 (kv_attn_split_range)
  *   inside a split the FP8 pages form one partition and the TQ3 pages another:
  *                 part (s, split, fmt) = (s * num_splits + split) * KV_FMT_COUNT + fmt
  *

@@ -88,7 +88,7 @@ typedef struct kv_attn_batch_s {
 } kv_attn_batch_t;
 
 /* Partitions: the pages of each sequence are cut into num_splits contiguous chunks of at most
- * ceil(npages / num_splits) pages (kv_attn_split_range); inside a chunk FP8 and TQ3 pages form
+ * ceil(npages / num_splits) + 1 pages (kv_attn_split_range); inside a chunk FP8 and TQ3 pages form
  * two partitions.
  * Partition index of (s, split, fmt) = (s * num_splits + split) * KV_FMT_COUNT + fmt.
  *   part_m, part_l: [batch * num_splits * KV_FMT_COUNT][q_heads]
@@ -103,18 +103,19 @@ static inline uint32_t kv_attn_num_parts(uint32_t batch, uint32_t num_splits)
 }
 
 /* Pages [*p0, *p1) of split `split` of a sequence of np pages. Every split but the first and
- * the last has chunk = ceil(np / num_splits) pages; when num_splits · chunk exceeds np, the
- * shortfall comes off the first split (half, rounded down) and the last (the rest) — not off
- * the last alone. In kvd those two hold the sink/anchor and the recent pages, FP8 beside TQ3,
- * so on the GPU they run a second format's phase, a fixed cost per split (B=2 d=256 32K: the
- * split holding page 0 ended 4.5 µs after the others, docs/perf.md session 6). The longest
- * split, and so the kernel's critical path, is chunk pages either way. Splits past the pages
+ * the last has chunk = ceil(np / num_splits) + 1 pages; the shortfall num_splits · chunk − np
+ * (at least num_splits pages) comes off the first split (half, rounded down) and the last (the
+ * rest). In kvd those two hold the sink/anchor and the recent pages, FP8 beside TQ3, so on the
+ * GPU they run a second format's phase, a fixed cost per split (B=2 d=256 32K: the split
+ * holding page 0 ended 4.5 µs after the others, docs/perf.md session 6); the +1 page of every
+ * middle split buys the ends that much room (decision 47: 32 pages instead of 48 there, the
+ * mix 0.0311 → 0.0304 ms in session 12; B=8's two splits are unchanged). Splits past the pages
  * are empty; num_splits ≥ 1 (the callers check). One rule for the CPU twin and both GPU
  * kernels: partitions must match. */
 KV_HD void kv_attn_split_range(uint64_t np, uint32_t num_splits, uint32_t split, uint64_t *p0,
                                uint64_t *p1)
 {
-    const uint64_t chunk = (np + num_splits - 1) / num_splits;
+    const uint64_t chunk = (np + num_splits - 1) / num_splits + 1;
     const uint64_t front = (chunk * num_splits - np) / 2;
     const uint64_t a = (uint64_t)split * chunk, b = a + chunk;
     const uint64_t a1 = a > front ? a - front : 0, b1 = b > front ? b - front : 0;

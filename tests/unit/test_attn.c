@@ -458,7 +458,7 @@ static int part_is_empty(const fx_t *fx, const parts_t *pt, uint64_t part)
     return empty;
 }
 
-/* ---- the split rule: contiguous, covering, at most ceil(np / splits) pages each, the
+/* ---- the split rule: contiguous, covering, at most ceil(np / splits) + 1 pages each, the
  * shortfall off both ends (kvkern.h) ---------------------------------------------------------- */
 static void test_split_ranges(void **state)
 {
@@ -467,10 +467,10 @@ static void test_split_ranges(void **state)
         uint64_t np;
         uint32_t splits, first, last; /* expected lengths of the first and the last split */
     } cases[] = {
-        {7, 3, 2, 2},       /* chunk 3, 2 short: [0,2) [2,5) [5,7) */
-        {2048, 2, 1024, 1024}, /* even: no shortfall */
-        {2048, 33, 48, 47}, /* the bench's B=2 d=256 32K: chunk 63, 31 short */
-        {8192, 33, 237, 236},
+        {7, 3, 2, 1},       /* chunk 4, 5 short: [0,2) [2,6) [6,7) */
+        {2048, 2, 1024, 1024}, /* B=8's two splits: chunk 1025, one page off each end */
+        {2048, 33, 32, 32}, /* the bench's B=2 d=256 32K: chunk 64, 64 short */
+        {8192, 33, 221, 221},
         {1, 33, 0, 0},      /* fewer pages than splits: the page sits in a middle split */
         {0, 4, 0, 0},
         {5, 1, 5, 5},
@@ -478,7 +478,7 @@ static void test_split_ranges(void **state)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const uint64_t np = cases[i].np;
         const uint32_t S = cases[i].splits;
-        const uint64_t chunk = (np + S - 1) / S;
+        const uint64_t chunk = (np + S - 1) / S + 1;
         uint64_t next = 0, first = 0, last = 0;
         for (uint32_t sp = 0; sp < S; sp++) {
             uint64_t p0, p1;
