@@ -16,15 +16,32 @@
 
 #include "itest.h"
 
+static int connect_port(int p)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    return fd;
+}
+
+/* kvd on the itest endpoint with a metrics listener on a free port; returns the port */
+static int start_with_metrics(itest_kvd_t *k)
+{
+    char port[16];
+    const int p = itest_free_port();
+    snprintf(port, sizeof port, "%d", p);
+    const char *extra[] = {"--metrics_port", port, NULL};
+    itest_kvd_start(k, extra);
+    return p;
+}
+
 static void test_metrics_families(void **state)
 {
     (void)state;
-    char port[16];
-    int p = itest_free_port();
-    snprintf(port, sizeof port, "%d", p);
-    const char *extra[] = {"--metrics_port", port, NULL};
     itest_kvd_t k;
-    itest_kvd_start(&k, extra);
+    const int p = start_with_metrics(&k);
     kvc_t *c = itest_connect(&k, "metrics");
     uint32_t pages[3];
     assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 3, pages), KV_ERR_OK);
@@ -44,24 +61,10 @@ static void test_metrics_families(void **state)
     /* an idle scraper connection (connected, nothing sent) must not hold the shutdown: before
      * session 10 the daemon kept running until the peer closed, and itest_kvd_stop's SIGKILL
      * after 30 s made the exit status 137 */
-    int idle = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(idle >= 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(idle, (struct sockaddr *)&sa, sizeof sa), 0);
+    int idle = connect_port(p);
     assert_true(itest_scrape(p, out, sizeof out) > 1000); /* accepted: the loop saw it */
     assert_int_equal(itest_kvd_stop(&k), 0);
     close(idle);
-}
-
-static int connect_port(int p)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    return fd;
 }
 
 /* 64 connections that never send a request (one local process can hold them, no privilege
@@ -71,12 +74,8 @@ static int connect_port(int p)
 static void test_metrics_idle_connections_do_not_lock_out(void **state)
 {
     (void)state;
-    char port[16];
-    int p = itest_free_port();
-    snprintf(port, sizeof port, "%d", p);
-    const char *extra[] = {"--metrics_port", port, NULL};
     itest_kvd_t k;
-    itest_kvd_start(&k, extra);
+    const int p = start_with_metrics(&k);
     enum { N = 64 }; /* KVD_HTTP_MAX_CONNS */
     int idle[N];
     for (int i = 0; i < N; i++)
