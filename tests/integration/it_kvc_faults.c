@@ -676,6 +676,15 @@ static void released_str(const fake_t *f, char *out, size_t cap)
         o += (size_t)snprintf(out + o, cap - o, "%s%u", i ? "," : "", f->released[i]);
 }
 
+/* The pages f was asked to release, in order, are exactly `want` ("3,4,5"). */
+static void assert_released(const fake_t *f, const char *want)
+{
+    char rel[128];
+    released_str(f, rel, sizeof rel);
+    print_message("released: %s\n", rel);
+    assert_string_equal(rel, want);
+}
+
 /* After a good hello, replies that lie about pages, tokens and epochs. */
 static void test_reply_lies(void **state)
 {
@@ -744,10 +753,7 @@ static void test_reply_lies(void **state)
     kvc_close(&c);
     fake_stop(&f);
 
-    char rel[128];
-    released_str(&f, rel, sizeof rel);
-    print_message("released: %s\n", rel);
-    assert_string_equal(rel, "3,4,5,8");
+    assert_released(&f, "3,4,5,8");
     assert_int_equal(f.nstatus, 2);
     assert_int_equal(f.status_epoch[0], 4);
     assert_int_equal(f.status_epoch[1], 6);
@@ -845,12 +851,10 @@ static void test_seal_timeout_dedupe(void **state)
     assert_int_equal(kvc_release(c, &again, 1), KV_ERR_OK);
     kvc_close(&c);
     fake_stop(&f);
-    char rel[128];
-    released_str(&f, rel, sizeof rel);
-    print_message("released: %s; prev of the second seal: %u\n", rel, f.seal_prev[1]);
+    print_message("prev of the second seal: %u\n", f.seal_prev[1]);
     assert_int_equal(f.nseal, 2);
     assert_int_equal(f.seal_prev[1], 6);
-    assert_string_equal(rel, "1,6,2");
+    assert_released(&f, "1,6,2");
 }
 
 /* The start of the tests below: a client of f whose seal of page 2 timed out and whose late
@@ -894,12 +898,10 @@ static void test_moved_forgot_by_seal(void **state)
     assert_int_equal(kvc_release(c, &old, 1), KV_ERR_OK); /* the new 2 */
     kvc_close(&c);
     fake_stop(&f);
-    char rel[128];
-    released_str(&f, rel, sizeof rel);
-    print_message("released: %s; prev of the third seal: %u\n", rel, f.seal_prev[2]);
+    print_message("prev of the third seal: %u\n", f.seal_prev[2]);
     assert_int_equal(f.nseal, 3);
     assert_int_equal(f.seal_prev[2], 2);
-    assert_string_equal(rel, "6,2");
+    assert_released(&f, "6,2");
 }
 
 /* Round 3, item (b): a move is NOT forgotten for a reply the caller never receives. After 2
@@ -928,10 +930,7 @@ static void test_moved_kept_by_late_alloc(void **state)
     assert_int_equal(kvc_release(c, &old, 1), KV_ERR_OK);
     kvc_close(&c);
     fake_stop(&f);
-    char rel[128];
-    released_str(&f, rel, sizeof rel);
-    print_message("released: %s\n", rel);
-    assert_string_equal(rel, "2,6");
+    assert_released(&f, "2,6");
 }
 
 /* Round 3, item (b): a PEEK lookup naming the id grants nothing either, typed or pipelined:
@@ -963,10 +962,7 @@ static void test_moved_kept_by_peek(void **state)
     assert_int_equal(kvc_release(c, &old, 1), KV_ERR_OK); /* the new 2 */
     kvc_close(&c);
     fake_stop(&f);
-    char rel[128];
-    released_str(&f, rel, sizeof rel);
-    print_message("released: %s\n", rel);
-    assert_string_equal(rel, "6,6,2");
+    assert_released(&f, "6,6,2");
 }
 
 /* Round 2, item 3: a frame that does not decode comes before an alloc's reply. The alloc
@@ -989,9 +985,7 @@ static void test_undecodable_frame(void **state)
     sync_with(c); /* the fake has read the release */
     kvc_close(&c);
     fake_stop(&f);
-    char rel[128];
-    released_str(&f, rel, sizeof rel);
-    assert_string_equal(rel, "4");
+    assert_released(&f, "4");
 }
 
 /* Round 2, item 3: a reply of another protocol version is refused, naming both versions (it
@@ -1068,9 +1062,7 @@ static void test_lookup_cap_release_fails(void **state)
     sync_with(c);
     kvc_close(&c);
     fake_stop(&f);
-    char rel[128];
-    released_str(&f, rel, sizeof rel);
-    assert_string_equal(rel, "5,6,7");
+    assert_released(&f, "5,6,7");
     assert_int_equal(e, KV_ERR_NOMEM);
     assert_int_equal(np, 0);
     assert_non_null(strstr(msg, "all the pages were given back"));
