@@ -103,14 +103,6 @@ static uint64_t realtime_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static size_t varint_bytes(uint64_t v)
-{
-    size_t n = 1;
-    for (; v >= 128; v >>= 7)
-        n++;
-    return n;
-}
-
 /* Encoded-size bounds (proto/kvd.proto EventEntry and Event, every varint at its widest): an
  * entry without token ids or extra is kind, hash, parent, format, tokens, page and reason,
  * framed in Event.entries (tag + a length of ≤ 3 bytes: an entry is < 2 MiB). */
@@ -121,9 +113,9 @@ static uint32_t ent_wire(uint32_t nids, size_t xlen)
 {
     size_t w = EV_ENT_FIXED + EV_ENT_FRAME;
     if (nids)
-        w += 1 + varint_bytes(5ull * nids) + 5ull * nids;
+        w += 1 + kvp_varint_size(5ull * nids) + 5ull * nids;
     if (xlen)
-        w += 1 + varint_bytes(xlen) + xlen;
+        w += 1 + kvp_varint_size(xlen) + xlen;
     return (uint32_t)w;
 }
 
@@ -428,7 +420,7 @@ int kvd_events_init(kvd_events_t **out, uv_loop_t *loop, const kvd_events_opts_t
     e->batch_max = o->batch_max;
     /* Event header at its widest: version, instance, seq, time_ns, namespace */
     const size_t nslen = strlen(o->ns);
-    const size_t head = (1 + 5) + (1 + 10) * 3 + 1 + varint_bytes(nslen) + nslen;
+    const size_t head = (1 + 5) + (1 + 10) * 3 + 1 + kvp_varint_size(nslen) + nslen;
     e->budget = head < KVD_EVENTS_MSG_BYTES ? KVD_EVENTS_MSG_BYTES - head : 1;
     e->pub = zmq_socket(o->zctx, ZMQ_PUB);
     if (!e->pub) {

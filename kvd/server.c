@@ -154,18 +154,10 @@ static void kvd_server_stats(kvd_server_t *s, kvd_stats_t *st)
 }
 
 /* ---- message size bound ------------------------------------------------------------------ */
-static uint64_t kvd_varint_bytes(uint64_t v)
-{
-    uint64_t n = 1;
-    for (; v >= 128; v >>= 7)
-        n++;
-    return n;
-}
-
 /* A length-delimited protobuf field: tag, length, payload. */
 static uint64_t kvd_ld_bytes(uint32_t field, uint64_t len)
 {
-    return kvd_varint_bytes((uint64_t)field << 3) + kvd_varint_bytes(len) + len;
+    return kvp_varint_size((uint64_t)field << 3) + kvp_varint_size(len) + len;
 }
 
 /* The largest request a well-behaved client can send under these bounds (proto/kvd.proto,
@@ -187,7 +179,7 @@ static uint64_t kvd_request_bytes_max(const kvp_limits_t *lim)
                           kvd_ld_bytes(4, u32 * (lim->page_tokens ? lim->page_tokens : 4096)) +
                           kvd_ld_bytes(5, KVP_MAX_EXTRA);
     const uint64_t ids = (uint64_t)lim->max_pages *
-                         kvd_varint_bytes(lim->dir_entries ? lim->dir_entries - 1 : UINT32_MAX);
+                         kvp_varint_size(lim->dir_entries ? lim->dir_entries - 1 : UINT32_MAX);
     const uint64_t release = kvd_ld_bytes(1, ids), append = (1 + u64) + kvd_ld_bytes(2, ids);
     const uint64_t geom = 4 * (1 + u32) + (1 + u64);
     const uint64_t hello =

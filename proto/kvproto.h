@@ -110,4 +110,14 @@ static inline Kvd__Status kvp_status(kv_err_t e)
     return (Kvd__Status)e;
 }
 
+/* Bytes of v as a protobuf varint (1-10): for encoded-size bounds computed without packing
+ * (the daemon's derived max_msg_bytes, its event message bound). */
+static inline size_t kvp_varint_size(uint64_t v)
+{
+    size_t n = 1;
+    for (; v >= 128; v >>= 7)
+        n++;
+    return n;
+}
+
 #endif /* KVPROTO_H */
