@@ -9,7 +9,8 @@ its size and a few counts. Two builds can be compared before any device time is 
 how many lines differ; --dump PREFIX writes each loop's instructions (addresses and immediates
 removed; register numbers too with --regs) to PREFIX.N.
 
-usage: sass_loops.py OBJ [--d 128] [--min 300] [--against OTHER] [--dump PREFIX] [--regs]
+usage: sass_loops.py OBJ [--d 128] [--p16 0|1] [--min 300] [--against OTHER [--against-p16 0|1]]
+                      [--dump PREFIX] [--regs]
   OBJ   an object file with sm_90 SASS, e.g. the build's attn.cu.o, or one compiled like it:
         nvcc -O2 -g -DNDEBUG -arch=sm_90 --expt-relaxed-constexpr -lineinfo -Icuda -c
         cuda/attn.cu -o attn.o
@@ -27,22 +28,24 @@ import subprocess
 import sys
 
 
-def kernel(tool, obj, d):
-    """(address, instruction) of attn_fast_kernel<d> in obj"""
+def kernel(tool, obj, d, p16):
+    """(address, instruction) of attn_fast_kernel<d, p16> in obj (an object from before v32,
+    whose kernel has no p16 parameter, matches with p16 = 0)"""
     run = subprocess.run([tool, "-sass", obj], capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit("sass_loops.py: cuobjdump failed on %s: %s" % (obj, run.stderr.strip()))
-    key = "attn_fast_kernelILi%sEE" % d
+    keys = ["attn_fast_kernelILi%sELb%dEE" % (d, p16)] + (["attn_fast_kernelILi%sEE" % d]
+                                                          if not p16 else [])
     ins, on = [], False
     for line in run.stdout.split("\n"):
         if "Function :" in line:
-            on = key in line
+            on = any(k in line for k in keys)
             continue
         m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line) if on else None
         if m:
             ins.append((int(m.group(1), 16), m.group(2)))
     if not ins:
-        sys.exit("sass_loops.py: no %s in %s" % (key, obj))
+        sys.exit("sass_loops.py: no %s in %s" % (keys[0], obj))
     return ins
 
 
@@ -69,18 +72,24 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("obj")
     ap.add_argument("--d", default="128", help="head_dim of the kernel (64, 128, 256)")
+    ap.add_argument("--p16", type=int, default=0, choices=(0, 1),
+                    help="the kernel's page-tokens-16 variant (v32: 1 is what kvd's pages run)")
     ap.add_argument("--min", type=int, default=300, help="smallest loop to report")
     ap.add_argument("--against", help="another object file: compare its loops with OBJ's")
+    ap.add_argument("--against-p16", type=int, choices=(0, 1),
+                    help="the variant of OTHER's kernel (default: --p16; an object from before v32"
+                    " has only 0)")
     ap.add_argument("--dump", help="write loop N's instructions to DUMP.N")
     ap.add_argument("--regs", action="store_true", help="dumps without register numbers")
     args = ap.parse_args()
     tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
     if not tool:
         sys.exit("sass_loops.py: cuobjdump not found (set CUOBJDUMP)")
-    ins = kernel(tool, args.obj, args.d)
+    ins = kernel(tool, args.obj, args.d, args.p16)
     mine = loops(ins, args.min)
-    other = loops(kernel(tool, args.against, args.d), args.min) if args.against else []
-    print("attn_fast_kernel<%s>: %d instructions" % (args.d, len(ins)))
+    other = (loops(kernel(tool, args.against, args.d, args.p16 if args.against_p16 is None
+                          else args.against_p16), args.min) if args.against else [])
+    print("attn_fast_kernel<%s, %d>: %d instructions" % (args.d, args.p16, len(ins)))
     for n, (lo, hi, body) in enumerate(mine):
         def count(pat):
             return sum(1 for t in body if re.match(r"(@!?U?P\w+\s+)?" + pat, t))

@@ -3,8 +3,9 @@
  * figures).
  *
  * Two partial kernels with one contract: attn_fast_kernel (the "v2" block comment further down;
- * page_tokens % 16 == 0, one launch for both formats, cp.async rings, bit-op TQ3 decode) and
- * the original attn_partial_kernel described here, kept for every other page size.
+ * page_tokens % 16 == 0, one launch for both formats, cp.async rings, bit-op TQ3 decode; its
+ * variant P16 copies TQ3 tiles as whole blocks at page_tokens = 16, fast_run16) and the
+ * original attn_partial_kernel described here, kept for every other page size.
  *
  * Grid of the partial kernel: (kv_heads · head_groups, num_splits, batch), one launch per format.
  * A block
@@ -48,6 +49,7 @@
 #include <float.h>
 #include <math.h>
 
+#include <type_traits>
 #include <utility>
 
 namespace {
@@ -930,7 +932,7 @@ template <int D> __device__ __forceinline__ void fwht_warp(float (&v)[D / 32], u
     }
 }
 
-template <int D, int FMT>
+template <int D, int FMT, bool P16>
 __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &bk,
                                            const FastSmem<D> &sm)
 {
@@ -959,14 +961,23 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     const uint8_t *pool = a.pools.base[FMT];
     uint8_t *ring = sm.buf + (size_t)warp * C::kWarpBuf;
 
+    /* v32's plan where the launcher found it valid (fast_run16: pt = 16, each block's
+     * metadata right after its codes, a page's offset within the 32-bit factor of IMAD.WIDE);
+     * a kernel of its own, so that neither plan's code sits in the other's loop */
+    constexpr bool run16 = FMT == KV_FMT_TQ3 && P16;
+    /* page numbers: < 2^28 (a sequence's live tokens fit 32 bits and pt ≥ 16), so 32 bits
+     * carry the cursor with room for its last step; v32 uses that (one register fewer in a
+     * loop at the register limit), the other plans keep v14's 64 */
+    using ItBase = typename std::conditional<run16, uint32_t, uint64_t>::type;
+
     /* ---- this warp's tiles: pages p0 + warp + kWarps·k of format FMT, 16 tokens each ---- */
-    uint64_t it_base = (uint64_t)bk.p0 + warp;
+    ItBase it_base = (ItBase)bk.p0 + warp;
     uint32_t it_mask = 0, it_phys = 0, it_ntok = 0;
     uint32_t cur_phys = 0, cur_ntok = 0, cur_tok = 0;
     /* one directory batch: the warp's next 32 pages, one per lane; it_mask marks those of
      * format FMT */
     auto refill = [&]() {
-        const uint64_t p = it_base + (uint64_t)C::kWarps * lane;
+        const ItBase p = it_base + (ItBase)C::kWarps * lane;
         bool keep = false;
         it_phys = it_ntok = 0;
         if (p < bk.p1) {
@@ -979,8 +990,10 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                 it_ntok = fast_page_tokens(bk, p);
             }
         }
+        if constexpr (run16) /* phys · 32 + tokens, one word (the pool has < 2^27 pages) */
+            it_phys = (it_phys << 5) | it_ntok;
         it_mask = __ballot_sync(0xffffffffu, keep);
-        it_base += (uint64_t)C::kWarps * 32u;
+        it_base += (ItBase)C::kWarps * 32u;
     };
     /* v14: the common case (the next tile starts a page that the current batch holds) is
      * straight-line code; only a batch refill loops */
@@ -1005,19 +1018,38 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         cur_tok += 16u;
     };
     /* v10: a TQ3 stage is one contiguous run of 16-byte chunks in shared memory (K codes, γ,
-     * V codes, scale, zero: 12D + 96 bytes) gathered from five runs of the page. Lane chunks
-     * c = lane + 32j are fixed for the phase: their offset from the page's K block at tok0 = 0
-     * and their growth per token (codes: 12·D/32 bytes, FP16 metadata: 2) are computed once,
-     * so a tile costs one page address and, per chunk, a 64-bit add and the cp.async (v9
-     * spent ~90 instructions per tile in five cp_seg loops and their 64-bit address math; v14
-     * takes the shared addresses as 32-bit values and skips the per-token terms when the tile
-     * starts its page, as every tile does at page_tokens = 16). Offsets inside one layer fit
-     * 32 bits (a layer is < 2^30 bytes at the geometry limits). */
+     * V codes, scale, zero: 12D + 96 bytes) gathered from five runs of the page.
+     * v32: at page_tokens = 16 (kvd's default: one tile per page) those five runs are two, the
+     * head's K block (codes, γ: 6D + 32 bytes) and V block (codes, scale, zero: 6D + 64), and
+     * the stage holds them back to back. Lanes 0-15 copy the K block and lanes 16-31 the V
+     * block, chunk j of lane ℓ at 16·(ℓ % 16) + 256·j of its run, so a tile costs one 64-bit
+     * source per lane (phys · page_bytes plus a per-lane constant: one IMAD.WIDE) and the
+     * chunks are immediate offsets from it. v14's plan (below) spent ~84 executed instructions
+     * per tile in the loop's SASS on the directory step, a modulo for the stage and a 64-bit
+     * add per chunk; it stays for other page sizes: lane chunks c = lane + 32j keep their
+     * offset from the page's K block at tok0 = 0 and their growth per token (codes: 12·D/32
+     * bytes, FP16 metadata: 2). Offsets inside one layer fit 32 bits (a layer is < 2^30 bytes
+     * at the geometry limits). */
     constexpr int NCH = (int)((C::kStageT / 16 + 31) / 32);
+    constexpr uint32_t KB16 = 6u * D + 32u, VB16 = 6u * D + 64u; /* the blocks at pt = 16 */
+    static_assert(KB16 + VB16 == C::kStageT && (VB16 + 255) / 256 == (uint32_t)NCH,
+                  "a pt = 16 TQ3 stage is the K block, then the V block");
     uint32_t coff[NCH], cmeta = 0; /* bit j: chunk j is FP16 metadata (grows 2 B per token) */
     const bool last_ok = 16u * (lane + 32u * (NCH - 1)) < C::kStageT;
     const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring) + 16u * lane;
-    if (FMT == KV_FMT_TQ3) {
+    const uint32_t vlane = lane >> 4, l16 = 16u * (lane & 15u);
+    const uint8_t *lsrc = pool + (vlane ? voff : koff) + l16;          /* + phys · page_bytes */
+    const uint32_t ldst = (uint32_t)__cvta_generic_to_shared(ring) + (vlane ? KB16 : 0u) + l16;
+    /* lanes whose last chunk lies inside their block, as a constant lane mask */
+    constexpr uint32_t kLast16 =
+        ((1u << ((KB16 - 256u * (NCH - 1)) / 16u)) - 1u) |
+        (((1u << ((VB16 - 256u * (NCH - 1)) / 16u)) - 1u) << 16);
+    static_assert((KB16 - 256u * (NCH - 1)) / 16u <= 16u && (VB16 - 256u * (NCH - 1)) / 16u <= 16u,
+                  "the last chunks of a block fit in its 16 lanes");
+    const bool last16 = (kLast16 >> lane) & 1u;
+    const uint32_t tn_s = (uint32_t)__cvta_generic_to_shared(&sm.tn[warp][0]);
+    const uint32_t pb32 = (uint32_t)page_bytes;
+    if (FMT == KV_FMT_TQ3 && !run16) {
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             const uint32_t b = 16u * (lane + 32u * (uint32_t)j);
@@ -1037,21 +1069,52 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
             }
         }
     }
+    /* v32: the directory step of a pt = 16 tile, where every tile starts a page: no token
+     * cursor, the batch refilled (rarely) before the lowest marked lane is taken */
+    auto next16 = [&](uint32_t &phys, uint32_t &n) {
+        if (it_mask == 0 && it_base < bk.p1) { /* a do-while, so that ptxas keeps the refill's
+                                                  constants out of the tile's path */
+            do
+                refill();
+            while (it_mask == 0 && it_base < bk.p1);
+        }
+        const uint32_t m = it_mask;
+        const uint32_t l = (uint32_t)(__ffs(m) - 1) & 31u;
+        it_mask = m & (m - 1u);
+        const uint32_t pk = __shfl_sync(0xffffffffu, it_phys, l); /* refill's packed word */
+        phys = pk >> 5;
+        n = m ? pk & 31u : 0u;
+    };
     auto issue = [&](uint32_t stage) {
-        uint32_t phys, tok0, n;
-        next(phys, tok0, n);
-        uint8_t *st = ring + stage * STAGE;
-        if (lane == 0)
-            sm.tn[warp][stage] = n;
+        uint32_t phys, tok0 = 0, n;
+        if constexpr (run16)
+            next16(phys, n);
+        else
+            next(phys, tok0, n);
+        if (lane == 0) {
+            if constexpr (run16) /* a 32-bit shared address, not the generic one rebuilt */
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tn_s + 4u * stage), "r"(n)
+                             : "memory");
+            else
+                sm.tn[warp][stage] = n;
+        }
         if (n) {
-            const uint8_t *pg = pool + (uint64_t)phys * page_bytes;
             if (FMT == KV_FMT_FP8) {
+                const uint8_t *pg = pool + (uint64_t)phys * page_bytes;
+                uint8_t *st = ring + stage * STAGE;
                 cp_seg(st, pg + koff + (uint64_t)tok0 * D, 16u * D, lane);
                 cp_seg(st + 16 * D, pg + koff + kmoff + 4ull * tok0, 64u, lane);
                 cp_seg(st + 16 * D + 64, pg + voff + (uint64_t)tok0 * D, 16u * D, lane);
                 cp_seg(st + 32 * D + 64, pg + voff + vmoff + 4ull * tok0, 64u, lane);
+            } else if constexpr (run16) { /* v32 */
+                const uint8_t *src = lsrc + (uint64_t)phys * pb32;
+                const uint32_t dst = ldst + stage * STAGE;
+#pragma unroll
+                for (int j = 0; j < NCH; j++)
+                    if (j < NCH - 1 || last16)
+                        cp16s(dst + 256u * j, src + 256u * j);
             } else { /* K units of tokens tok0…, V units of pairs tok0/2… (tok0 even) */
-                const uint8_t *kb = pg + koff;
+                const uint8_t *kb = pool + (uint64_t)phys * page_bytes + koff;
                 const uint32_t ss = ring_s + stage * STAGE;
                 if (tok0 == 0) {
 #pragma unroll
@@ -1202,13 +1265,13 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
     float m_run2[2] = {-INFINITY, -INFINITY}, l_part2[2] = {0.0f, 0.0f};
     float z_part2[2] = {0.0f, 0.0f}, c_part2[2] = {0.0f, 0.0f}, F = 0.0f;
 
-    uint32_t head = 0;
+    uint32_t head = 0, ihead = NS - TPI; /* the stages consumed and refilled next */
     TRACE(2 + 3 * FMT);
     for (;;) {
         /* refill the TPI stages the previous iteration consumed, then wait for this one's */
 #pragma unroll
         for (int u = 0; u < TPI; u++)
-            issue((head + NS - TPI + u) % NS);
+            issue(ihead + u);
         cp_wait<NS - TPI>();
         __syncwarp();
         uint32_t nt_[TPI];
@@ -1393,6 +1456,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
         }
         __syncwarp(); /* the stages are refilled by the next iteration's issue */
         head = head + TPI == (uint32_t)NS ? 0u : head + TPI;
+        ihead = ihead + TPI == (uint32_t)NS ? 0u : ihead + TPI;
     }
     cp_wait<0>();
     TRACE(3 + 3 * FMT);
@@ -1729,7 +1793,7 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
     }
 }
 
-template <int D>
+template <int D, bool P16>
 __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
     attn_fast_kernel(AttnArgs a)
 {
@@ -1840,11 +1904,11 @@ __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
 
     FastSmem<D> sm = {s_q, s_m, s_l, s_z, s_tn, s_sgn, smem};
     if (h8 && !tail)
-        fast_phase<D, KV_FMT_FP8>(a, bk, sm);
+        fast_phase<D, KV_FMT_FP8, P16>(a, bk, sm);
     else if (!tail)
         fast_empty<D>(a, bk, KV_FMT_FP8);
     if (ht)
-        fast_phase<D, KV_FMT_TQ3>(a, bk, sm);
+        fast_phase<D, KV_FMT_TQ3, P16>(a, bk, sm);
     else
         fast_empty<D>(a, bk, KV_FMT_TQ3);
     /* s_f8 again, not `tail`: a register live across the phases' loops moves ptxas's
@@ -2006,8 +2070,26 @@ template <int D, int FMT> cudaError_t set_attr()
 
 template <int D> cudaError_t set_fast_attr()
 {
-    return cudaFuncSetAttribute(attn_fast_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)FastCfg<D>::kSmem);
+    cudaError_t e = cudaSuccess;
+    for (auto k : {attn_fast_kernel<D, false>, attn_fast_kernel<D, true>}) /* v14's, v32's plan */
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)FastCfg<D>::kSmem);
+    return e;
+}
+
+/* v32: may the TQ3 phase copy a tile as the page's K and V blocks (fast_phase's run16)? At 16
+ * tokens per page, with each block's metadata right after its codes, a page's offset in the
+ * pool computable from 32-bit factors, and physical page numbers below 2^27 (one shuffled
+ * word carries a page's number and its token count). Where not, attn_fast_kernel<D, false>
+ * runs v14's copy plan, with the same results. */
+bool fast_run16(const kv_geom_t &g, const kv_pools_t &pools)
+{
+    const uint64_t code = 6ull * g.head_dim; /* 16 tokens of 12·D/32 code bytes */
+    return g.page_tokens == 16 && kv_block_meta_offset(&g, KV_FMT_TQ3, KV_KIND_K) == code &&
+           kv_block_meta_offset(&g, KV_FMT_TQ3, KV_KIND_V) == code &&
+           kv_page_bytes(&g, KV_FMT_TQ3) <= 0xffffffffull &&
+           pools.pages[KV_FMT_TQ3] <= (1u << 27);
 }
 
 cudaError_t init_once()
@@ -2048,8 +2130,9 @@ cudaError_t launch_ex(void (*kernel)(P...), dim3 grid, uint32_t threads, size_t 
 template <int D> cudaError_t launch_partial(const AttnArgs &a, dim3 grid, cudaStream_t st)
 {
     if (a.g.page_tokens % 16 == 0)
-        return launch_ex(attn_fast_kernel<D>, grid, FastCfg<D>::kThreads, FastCfg<D>::kSmem, st,
-                         a);
+        return launch_ex(fast_run16(a.g, a.pools) ? attn_fast_kernel<D, true>
+                                                  : attn_fast_kernel<D, false>,
+                         grid, FastCfg<D>::kThreads, FastCfg<D>::kSmem, st, a);
     cudaError_t e = launch_ex(attn_partial_kernel<D, KV_FMT_FP8>, grid, kThreads,
                               partial_smem<D, KV_FMT_FP8>(), st, a);
     if (e != cudaSuccess)
