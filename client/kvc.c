@@ -1197,12 +1197,19 @@ static size_t kvc_bad_page(const kvc_t *c, const uint32_t *pages, size_t n)
     return c->dir ? i : n;
 }
 
-kv_err_t kvc_alloc_send(kvc_t *c, kv_fmt_t f, uint32_t n, uint64_t *id)
+static kv_err_t kvc_alloc_send_r(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t reserve,
+                                 uint64_t *id)
 {
     KVC_REQ(ALLOC, alloc, Kvd__AllocReq, KVD__ALLOC_REQ__INIT);
     body.count = n;
     body.format = (Kvd__Format)f;
+    body.reserve = reserve; /* 0: not on the wire (proto3 default) */
     return kvc_send_req(c, &req, id);
+}
+
+kv_err_t kvc_alloc_send(kvc_t *c, kv_fmt_t f, uint32_t n, uint64_t *id)
+{
+    return kvc_alloc_send_r(c, f, n, 0, id);
 }
 
 /* The caller's part of an alloc reply (rep freed here; e: its status). */
@@ -1236,11 +1243,16 @@ kv_err_t kvc_alloc_recv(kvc_t *c, uint64_t id, uint32_t n, uint32_t *pages)
 
 kv_err_t kvc_alloc(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t *pages)
 {
+    return kvc_alloc_reserve(c, f, n, 0, pages);
+}
+
+kv_err_t kvc_alloc_reserve(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t reserve, uint32_t *pages)
+{
     KVC_NULL_CHECK(c);
     uint64_t id;
     Kvd__Reply *rep;
     kv_err_t e = kvc_late_reserve(c);
-    if (e != KV_ERR_OK || (e = kvc_alloc_send(c, f, n, &id)) != KV_ERR_OK)
+    if (e != KV_ERR_OK || (e = kvc_alloc_send_r(c, f, n, reserve, &id)) != KV_ERR_OK)
         return e;
     if ((e = kvc_recv_id(c, id, &rep)) != KV_ERR_OK && !rep) {
         kvc_late_add(c, id, KVC_LATE_REFS, 0); /* nobody can ask for it again: kvc_late */

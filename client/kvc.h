@@ -152,6 +152,16 @@ void kvc_reply_free(Kvd__Reply **rep);
  * the reply holds another count or an id past the directory: the pages it named are released
  * (kvc_alloc_recv the same). */
 kv_err_t kvc_alloc(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t *pages);
+/* kvc_alloc of n pages that are the first of `reserve` this client is about to allocate in
+ * this and its next calls (an allocation larger than the daemon's max_alloc, in chunks;
+ * AllocReq.reserve, docs/protocol.md). When reserve > n the daemon first checks that the pool
+ * could provide all `reserve` pages now (free, freeable and evictable cache entries) and, when
+ * it could not, answers RESOURCE_EXHAUSTED naming the numbers, with nothing allocated and no
+ * cache entry evicted: a chunked allocation that would fail costs no cached prefix. A check,
+ * not a reservation: a later chunk may still fail when another client took the pages in
+ * between. reserve 0 or n: kvc_alloc. INVALID_ARGUMENT (the daemon's) for 0 < reserve < n or
+ * reserve > 2^31 (KVP_MAX_RESERVE). A daemon older than the field ignores it (no check). */
+kv_err_t kvc_alloc_reserve(kvc_t *c, kv_fmt_t f, uint32_t n, uint32_t reserve, uint32_t *pages);
 /* prev = KVP_NO_PAGE for the first page. tokens[n] with n == page_tokens. *out_page is the page
  * that holds the content now (the request's page, or a cached duplicate; see SealRep);
  * MALFORMED when the reply names one past the directory.

@@ -547,16 +547,24 @@ static kv_err_t kvs_give_back(kvs_t *s, const uint32_t *pages, size_t n, kv_err_
 /* Add n FP8 pages to the end of q's table, all or nothing. The protocol cannot take a page back
  * out of a sequence, so the chunks (below the daemon's max_alloc) are allocated loose first and
  * moved into the daemon-side sequence by one seq_append once all of them succeeded; on any
- * failure they are released and the table is as before. */
+ * failure they are released and the table is as before. The first chunk of several carries
+ * reserve = n: the daemon refuses it, evicting nothing, when the pool could not provide all n
+ * pages, so that a chunk's evictions are not wasted on an extend a later chunk fails (still
+ * possible when another client takes the pages between chunks: decision 57). */
 static kv_err_t kvs_seq_add_pages(kvs_seq_t *q, size_t n)
 {
     kvs_t *s = q->s;
     uint32_t *dst = q->pages + q->npages;
     for (size_t got = 0; got < n;) {
         uint32_t k = (uint32_t)(n - got < KVS_ALLOC_CHUNK ? n - got : KVS_ALLOC_CHUNK);
-        kv_err_t e = kvc_alloc(s->c, KV_FMT_FP8, k, dst + got);
-        if (e != KV_ERR_OK) /* (a timed-out chunk's pages are released by libkvc: kvc_late) */
-            return kvs_give_back(s, dst, got, kvs_fail_kvc(s, e, "kvs_seq_extend: kvc_alloc"));
+        uint32_t reserve = 0; /* only the first of several chunks carries it */
+        if (got == 0 && n > k) /* n < 2^32 / page_tokens; clamped, the check is only weaker */
+            reserve = n < KVP_MAX_RESERVE ? (uint32_t)n : KVP_MAX_RESERVE;
+        kv_err_t e = kvc_alloc_reserve(s->c, KV_FMT_FP8, k, reserve, dst + got);
+        if (e != KV_ERR_OK) { /* (a timed-out chunk's pages are released by libkvc: kvc_late) */
+            e = kvs_fail_kvc(s, e, "kvs_seq_extend: kvc_alloc_reserve");
+            return kvs_give_back(s, dst, got, e);
+        }
         got += k;
     }
     kv_err_t e = kvc_seq_append(s->c, q->dseq, dst, n);

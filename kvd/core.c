@@ -214,12 +214,33 @@ static void take_loose(kvd_core_t *c, kvd_session_t *s, uint32_t lid, uint64_t n
 /* ---- alloc / release --------------------------------------------------------------------- */
 int kvd_core_alloc(kvd_core_t *c, uint64_t sid, uint32_t n, uint32_t *logical_out)
 {
+    return kvd_core_alloc_reserve(c, sid, n, 0, logical_out);
+}
+
+int kvd_core_alloc_reserve(kvd_core_t *c, uint64_t sid, uint32_t n, uint32_t reserve,
+                           uint32_t *logical_out)
+{
     GET_SESSION(c, s, sid);
     c->st.alloc_calls++;
     if (n == 0 || !logical_out || n > c->pool[KV_FMT_FP8].n)
         return kvd__fail(c, KV_ERR_INVALID_ARGUMENT,
                          "alloc: asked %u pages (must be 1 .. %u, the FP8 pool size)", n,
                          c->pool[KV_FMT_FP8].n);
+    if (reserve && reserve < n)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT,
+                         "alloc: reserve %u is below the %u pages asked (0: none)", reserve, n);
+    /* Before anything is evicted: a chunk that evicts cache entries and is followed by a chunk
+     * that fails costs the cache for nothing (decision 57). A reserve beyond the pool fails
+     * here too, as the chunks would (RESOURCE_EXHAUSTED, the pool size named). */
+    if (reserve > n && kvd_core_can_provide(c, KV_FMT_FP8, reserve) != KV_ERR_OK) {
+        char why[sizeof c->err];
+        memcpy(why, c->err, sizeof why);
+        c->st.alloc_exhausted++;
+        return kvd__fail(c, KV_ERR_RESOURCE_EXHAUSTED,
+                         "alloc: %u pages, reserve %u refused before allocating or evicting "
+                         "anything: %s",
+                         n, reserve, why);
+    }
     int rc = session_reserve(c, s, n);
     if (rc != KV_ERR_OK)
         return rc;

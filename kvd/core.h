@@ -139,6 +139,25 @@ void kvd_core_session_foreach(const kvd_core_t *c,
  * RESOURCE_EXHAUSTED when logical ids run out. Errors: NO_SESSION, INVALID_ARGUMENT (n == 0 or
  * n > pool size), RESOURCE_EXHAUSTED, NOMEM. */
 int kvd_core_alloc(kvd_core_t *c, uint64_t sid, uint32_t n, uint32_t *logical_out);
+/* kvd_core_alloc of n pages that are the first of `reserve` the caller is about to allocate in
+ * consecutive calls (an AllocReq's reserve: a request larger than max_alloc, in chunks). 0 or
+ * n: kvd_core_alloc. reserve > n: first kvd_core_can_provide(FP8, reserve); when the pool
+ * could not provide them, RESOURCE_EXHAUSTED with its explanation and nothing allocated,
+ * collected or evicted (counted as a refused alloc: alloc_calls and alloc_exhausted), so a
+ * chunked allocation that would fail later costs no cache entry now. A check, not a
+ * reservation: later calls may still find the pages gone. reserve < n (but not 0):
+ * INVALID_ARGUMENT. */
+int kvd_core_alloc_reserve(kvd_core_t *c, uint64_t sid, uint32_t n, uint32_t reserve,
+                           uint32_t *logical_out);
+/* Whether pool f could provide n pages to an allocation right now: its free pages, plus the
+ * retired ones kvd_core_collect would free, plus the cache entries allocation pressure would
+ * evict (unreferenced, unpinned, on the LRU, with a drop stamp ≤ the minimum safe epoch: the
+ * same definition kvd_core_alloc's eviction uses, so KV_ERR_OK here means an alloc of n would
+ * succeed now). Changes nothing (no collection, eviction or counter). KV_ERR_OK, or
+ * RESOURCE_EXHAUSTED with a message naming asked, obtainable, free, freeable, evictable, the
+ * entries evictable only after epoch reports and the pool size (n may exceed the pool);
+ * INVALID_ARGUMENT for an unknown format. */
+int kvd_core_can_provide(kvd_core_t *c, kv_fmt_t f, uint64_t n);
 
 /* Release one loose request ref of the session on each ids[i] (duplicates release several).
  * All-or-nothing: every id must be held loose enough times, else INVALID_ARGUMENT naming the

@@ -139,6 +139,8 @@ void kvd__stamp_drop(kvd_core_t *c, uint32_t lid);
 /* Re-derive LRU membership after a refcount change; retire the page when no ref is left. */
 void kvd__refs_changed(kvd_core_t *c, uint32_t lid);
 uint64_t kvd__min_safe_epoch(const kvd_core_t *c);
+/* Retired physical pages of f that kvd_core_collect would free now (stamp ≤ safe). */
+uint32_t kvd__retired_freeable(const kvd_core_t *c, kv_fmt_t f, uint64_t safe);
 /* Make the pending epoch bump visible. */
 void kvd__epoch_publish(kvd_core_t *c);
 
@@ -174,7 +176,8 @@ static inline void kvd__index_event(const kvd_core_t *c, const kvd_index_ev_t *e
 /* Evict LRU entries of f while the cache is over its quota. */
 void kvd__cache_enforce_quota(kvd_core_t *c, kv_fmt_t f);
 /* Make n pages of f free: collect, then evict LRU entries past their epoch (never `exclude`).
- * KV_ERR_OK or RESOURCE_EXHAUSTED with the message set; evicts nothing when it cannot reach n. */
+ * KV_ERR_OK or RESOURCE_EXHAUSTED with the message set; evicts nothing when it cannot reach n.
+ * kvd_core_can_provide predicts its answer (exclude = KVD_NONE) without changing anything. */
 int kvd__ensure_free(kvd_core_t *c, kv_fmt_t f, uint32_t n, uint32_t exclude);
 
 /* ---- session.c --------------------------------------------------------------------------- */

@@ -242,6 +242,15 @@ void kvd__refs_changed(kvd_core_t *c, uint32_t lid)
     }
 }
 
+uint32_t kvd__retired_freeable(const kvd_core_t *c, kv_fmt_t f, uint64_t safe)
+{
+    uint32_t n = 0;
+    const kvd_pool_t *pl = &c->pool[f];
+    for (uint32_t p = pl->retire_head; p != KVD_NONE; p = pl->pg[p].next)
+        n += pl->pg[p].stamp <= safe; /* kvd_core_collect's test */
+    return n;
+}
+
 uint32_t kvd_core_collect(kvd_core_t *c)
 {
     uint64_t safe = kvd__min_safe_epoch(c);

@@ -15,7 +15,9 @@
  * from the head and evict entries whose drop stamp is already ≤ the min safe epoch (their page
  * is freeable at once); younger entries are skipped because evicting them would not free a page
  * for this call. If the walk cannot reach the asked count, nothing is evicted and the caller
- * gets RESOURCE_EXHAUSTED.
+ * gets RESOURCE_EXHAUSTED. kvd_core_can_provide adds up the same three sources (free, freeable
+ * retired, evictable) without collecting or evicting: the daemon's check of an AllocReq's
+ * reserve before the first chunk of a large allocation (decision 57).
  */
 #include <sodium.h>
 #include <string.h>
@@ -254,6 +256,50 @@ void kvd__cache_enforce_quota(kvd_core_t *c, kv_fmt_t f)
     }
 }
 
+/* What pressure may evict for an allocation of f: LRU entries (unreferenced, unpinned) other
+ * than `exclude` whose drop stamp is ≤ safe, so that their page is free at once. Counted from
+ * the head until `want` are found; *young counts the younger entries passed on the way. The
+ * one definition of "evictable" for kvd__ensure_free and kvd_core_can_provide. */
+static uint32_t lru_evictable(const kvd_core_t *c, kv_fmt_t f, uint64_t want, uint32_t exclude,
+                              uint64_t safe, uint32_t *young)
+{
+    uint32_t can = 0;
+    *young = 0;
+    for (uint32_t l = c->pool[f].lru_head; l != KVD_NONE && can < want; l = c->lp[l].lru_next) {
+        if (l == exclude)
+            continue;
+        if (c->lp[l].stamp <= safe)
+            can++;
+        else
+            (*young)++;
+    }
+    return can;
+}
+
+int kvd_core_can_provide(kvd_core_t *c, kv_fmt_t f, uint64_t n)
+{
+    if ((unsigned)f >= KV_FMT_COUNT)
+        return kvd__fail(c, KV_ERR_INVALID_ARGUMENT, "can_provide: unknown format %d", (int)f);
+    const kvd_pool_t *pl = &c->pool[f];
+    /* the same sum as kvd__ensure_free: free, then what collect frees, then what it evicts */
+    uint64_t safe = kvd__min_safe_epoch(c), have = pl->nfree;
+    uint32_t freeable = 0, can = 0, young = 0;
+    if (have < n)
+        freeable = kvd__retired_freeable(c, f, safe);
+    have += freeable;
+    if (have < n)
+        can = lru_evictable(c, f, n - have, KVD_NONE, safe, &young);
+    have += can;
+    if (have >= n)
+        return KV_ERR_OK;
+    return kvd__fail(c, KV_ERR_RESOURCE_EXHAUSTED,
+                     "%s pool cannot provide %llu pages now: %llu can be had (%u free, %u "
+                     "retired and freeable, %u cache entries evictable; %u more evictable after "
+                     "epoch reports) of the %u in the pool",
+                     kvd_fmt_name(f), (unsigned long long)n, (unsigned long long)have,
+                     pl->nfree, freeable, can, young, pl->n);
+}
+
 int kvd__ensure_free(kvd_core_t *c, kv_fmt_t f, uint32_t n, uint32_t exclude)
 {
     kvd_pool_t *pl = &c->pool[f];
@@ -263,15 +309,8 @@ int kvd__ensure_free(kvd_core_t *c, kv_fmt_t f, uint32_t n, uint32_t exclude)
     if (pl->nfree >= n)
         return KV_ERR_OK;
     uint64_t safe = kvd__min_safe_epoch(c);
-    uint32_t need = n - pl->nfree, can = 0, young = 0;
-    for (uint32_t l = pl->lru_head; l != KVD_NONE && can < need; l = c->lp[l].lru_next) {
-        if (l == exclude)
-            continue;
-        if (c->lp[l].stamp <= safe)
-            can++;
-        else
-            young++;
-    }
+    uint32_t need = n - pl->nfree, young;
+    uint32_t can = lru_evictable(c, f, need, exclude, safe, &young);
     if (can >= need) {
         uint32_t l = pl->lru_head;
         while (l != KVD_NONE && need > 0) {

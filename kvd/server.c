@@ -787,7 +787,8 @@ static kv_err_t kvd_op_alloc(kvd_req_ctx_t *c)
     b_->pages = ar_alloc(s, sizeof(uint32_t) * a->count);
     if (!b_->pages)
         return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
-    int e = kvd_core_alloc(s->core, c->sess->sid, a->count, b_->pages);
+    /* reserve > count: the core checks the pool for the whole chunked allocation first */
+    int e = kvd_core_alloc_reserve(s->core, c->sess->sid, a->count, a->reserve, b_->pages);
     if (e != KV_ERR_OK)
         return kvd_core_fail(c, e);
     b_->n_pages = a->count;

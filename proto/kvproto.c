@@ -267,6 +267,11 @@ static kv_err_t kvp_validate(const Kvd__Request *r, kvp_op_t op, const kvp_limit
         if ((unsigned)r->alloc->format >= KVP_FORMATS)
             return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT, "alloc: unknown format %d",
                             (int)r->alloc->format);
+        if (r->alloc->reserve &&
+            (r->alloc->reserve < r->alloc->count || r->alloc->reserve > KVP_MAX_RESERVE))
+            return kvp_fail(msg, cap, KV_ERR_INVALID_ARGUMENT,
+                            "alloc: reserve %u, allowed 0 (none) or count (%u) .. %u",
+                            r->alloc->reserve, r->alloc->count, KVP_MAX_RESERVE);
         return KV_ERR_OK;
     case KVP_OP_SEAL: {
         const Kvd__SealReq *s = r->seal;

@@ -9,8 +9,9 @@
  *      the unpacker only ever sees well-formed framing,
  *   3. protobuf-c unpacking (MALFORMED on failure),
  *   4. protocol version (VERSION_MISMATCH), presence of a body (MALFORMED),
- *   5. per-operation field bounds (INVALID_ARGUMENT): counts, token lengths, page ids below
- *      the directory size, format values, strings (length, UTF-8, no control characters).
+ *   5. per-operation field bounds (INVALID_ARGUMENT): counts (an alloc's reserve: 0 or
+ *      count .. KVP_MAX_RESERVE), token lengths, page ids below the directory size, format
+ *      values, strings (length, UTF-8, no control characters).
  * On any failure it returns the code with a human message naming the field and the bound, and
  * still reports the request id when the bytes got that far, so the reply can be matched.
  *
@@ -36,6 +37,9 @@
 #define KVP_MAX_STRING 256u /* bytes of any string field */
 #define KVP_MAX_DEPTH 8     /* nesting depth of the wire scan */
 #define KVP_FORMATS 2       /* Format values: FP8, TQ3 (kv_fmt_t) */
+/* AllocReq.reserve upper bound: a sanity bound only (the daemon compares a reserve with what
+ * its pool can provide, and refuses more than the pool holds with RESOURCE_EXHAUSTED). */
+#define KVP_MAX_RESERVE (1u << 31)
 
 /*  XX(case suffix, name, needs session, admin) */
 #define KVP_OP_MAP(XX)                                                                             \

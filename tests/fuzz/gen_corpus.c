@@ -39,6 +39,8 @@ int main(int argc, char **argv)
     a.count = 4;
     r.body_case = KVD__REQUEST__BODY_ALLOC, r.alloc = &a;
     emit(dir, "alloc", &r);
+    a.reserve = 3000; /* the first chunk of a larger allocation */
+    emit(dir, "alloc_reserve", &r);
     Kvd__SealReq s = KVD__SEAL_REQ__INIT;
     uint8_t extra[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     s.page = 3, s.has_prev = 1, s.prev = 2, s.tokens = tok, s.n_tokens = 16;

@@ -6,7 +6,8 @@
  * is pinned. Filling the pool with open pages then asks for pages the free list does not
  * have: the daemon must evict unreferenced cache entries least-recently-used first, never the
  * pinned page and never P1 before the older ones; when only pinned/referenced pages remain,
- * alloc fails with RESOURCE_EXHAUSTED and a message an engine can act on.
+ * alloc fails with RESOURCE_EXHAUSTED and a message an engine can act on. An allocation sent in
+ * chunks whose reserve the pool cannot provide is refused before its first chunk evicts.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -193,12 +194,72 @@ static void test_runtime_cache_quota(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* Regression (docs/engine-shim.md, decision 57): an allocation larger than max_alloc is sent in
+ * chunks; a chunk that succeeded by evicting unreferenced cache entries, followed by a chunk
+ * that failed, cost those prefixes for nothing. Now the first chunk carries the whole count as
+ * AllocReq.reserve and the daemon refuses it, evicting nothing, when free + evictable pages
+ * cannot cover the reserve. Pool 256, max_alloc 16; 12 cached entries; 10 pages free. */
+static void test_failed_chunked_alloc_keeps_the_cache(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    const char *const extra[] = {"--max_alloc", "16", NULL};
+    itest_kvd_start(&k, extra);
+    kvc_t *c = itest_connect(&k, "chunks");
+    uint32_t p[3][4];
+    for (uint32_t i = 0; i < 3; i++)
+        seal_prompt(c, 1000 * (i + 1), p[i]);
+    static uint32_t held[POOL];
+    uint32_t nheld = 0;
+    while (nheld < POOL - 12 - 10) {
+        uint32_t k16 = POOL - 22 - nheld < 16 ? POOL - 22 - nheld : 16;
+        assert_int_equal(kvc_alloc(c, KV_FMT_FP8, k16, held + nheld), KV_ERR_OK);
+        nheld += k16;
+    }
+    assert_int_equal(itest_stat(&k, "cache_entries"), 12);
+    const uint64_t x0 = itest_stat(&k, "alloc_exhausted");
+    assert_int_equal(itest_stat(&k, "evictions_pressure"), 0);
+    /* 30 pages asked in chunks of 16 + 14: 10 free + 12 evictable cannot cover them */
+    uint32_t got[30];
+    assert_int_equal(kvc_alloc_reserve(c, KV_FMT_FP8, 16, 30, got), KV_ERR_RESOURCE_EXHAUSTED);
+    print_message("refused: %s\n", kvc_errmsg(c));
+    assert_non_null(strstr(kvc_errmsg(c), "reserve 30 refused before allocating or evicting"));
+    assert_non_null(strstr(kvc_errmsg(c), "cannot provide 30 pages now: 22 can be had"));
+    assert_int_equal(itest_stat(&k, "evictions_pressure"), 0);
+    assert_int_equal(itest_stat(&k, "alloc_exhausted"), x0 + 1);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 12);
+    for (uint32_t i = 0; i < 3; i++)
+        assert_int_equal(cached_prefix(c, 1000 * (i + 1)), 4);
+    /* more than the pool: the same refusal; below count: a client's error */
+    assert_int_equal(kvc_alloc_reserve(c, KV_FMT_FP8, 16, 100000, got),
+                     KV_ERR_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(kvc_errmsg(c), "of the 256 in the pool"));
+    assert_int_equal(kvc_alloc_reserve(c, KV_FMT_FP8, 16, 15, got), KV_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvc_errmsg(c), "alloc: reserve 15"));
+    assert_int_equal(itest_stat(&k, "cache_entries"), 12);
+    /* a reserve that fits: 16 + 6 pages, the chunks evicting the 12 entries as they need */
+    assert_int_equal(kvc_alloc_reserve(c, KV_FMT_FP8, 16, 22, got), KV_ERR_OK);
+    assert_int_equal(itest_stat(&k, "evictions_pressure"), 6);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 6, got + 16), KV_ERR_OK);
+    assert_int_equal(itest_stat(&k, "evictions_pressure"), 12);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 0);
+    for (uint32_t i = 0; i < nheld; i += 16)
+        assert_int_equal(kvc_release(c, held + i, nheld - i < 16 ? nheld - i : 16), KV_ERR_OK);
+    assert_int_equal(kvc_release(c, got, 16), KV_ERR_OK);
+    assert_int_equal(kvc_release(c, got + 16, 6), KV_ERR_OK);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    kvc_close(&c);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exhaustion_eviction_order_and_pins),
         cmocka_unit_test(test_admin_evict_all_keeps_pinned),
         cmocka_unit_test(test_runtime_cache_quota),
+        cmocka_unit_test(test_failed_chunked_alloc_keeps_the_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

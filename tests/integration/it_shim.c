@@ -13,7 +13,8 @@
  * 4. f16 and bf16 inputs give the same FP8 page bytes as float inputs of the same values.
  * 5. A seal that times out (the daemon stopped) loses the sequence: everything but kvs_seq_end
  *    refuses it, even once the daemon has deduplicated the page behind the shim's back.
- * 6. kvs_seq_extend is all or nothing: a request larger than the pool leaves no page held.
+ * 6. kvs_seq_extend is all or nothing: a request larger than the pool leaves no page held, and
+ *    one larger than free + evictable pages evicts no cached prefix (its first chunk's reserve).
  * 7. An extend or a commit that would leave tokens without K/V for good is refused.
  * 8. kvs_close with many sequences and a stopped daemon waits one timeout, not one each;
  *    kvs_close ends the daemon session (goodbye): 70 open/close cycles in one process, more
@@ -557,8 +558,9 @@ static void test_seal_timeout_loses_the_sequence(void **state)
 /* ---- 6. extend is all or nothing ---------------------------------------------------------- */
 
 /* Reviewer's scenario (e1/e11): 2000 pages asked of a 1500-page pool. The shim allocates in
- * chunks of 1024; the second chunk fails. Before the fix the first 1024 pages stayed in the
- * sequence (request_refs 1024) and starved every other client until kvs_seq_end. */
+ * chunks of 1024; the second chunk failed. Before the fix the first 1024 pages stayed in the
+ * sequence (request_refs 1024) and starved every other client until kvs_seq_end. Since
+ * decision 57 the first chunk carries reserve = 2000 and is refused itself. */
 static void test_extend_larger_than_the_pool_holds_nothing(void **state)
 {
     (void)state;
@@ -575,13 +577,13 @@ static void test_extend_larger_than_the_pool_holds_nothing(void **state)
     size_t cached;
     assert_int_equal(kvs_seq_begin(s, tok, 3, &q, &cached), KV_ERR_OK);
     kv_err_t e = kvs_seq_extend(q, tok, n);
-    expect(e, KV_ERR_RESOURCE_EXHAUSTED, s, "kvs_seq_extend: kvc_alloc: ");
+    expect(e, KV_ERR_RESOURCE_EXHAUSTED, s, "kvs_seq_extend: kvc_alloc_reserve: ");
     /* the code is the return value; the message does not repeat it */
     assert_null(strstr(kvs_errmsg(s), "RESOURCE_EXHAUSTED"));
     assert_int_equal(kvs_seq_len(q), 0);
     assert_int_equal(kvs_seq_pages(q, NULL, 0), 0);
     assert_int_equal(itest_stat(&k, "request_refs"), 0);
-    assert_int_equal(itest_stat(&k, "alloc_pages"), 1024); /* the first chunk did succeed */
+    assert_int_equal(itest_stat(&k, "alloc_pages"), 0); /* even the first chunk: reserve */
     /* another client gets the whole pool at once, while the shim makes no further call: the
      * released pages wait for every session's epoch report (docs/protocol.md "Epochs"), and
      * the shim reported after its release */
@@ -600,6 +602,62 @@ static void test_extend_larger_than_the_pool_holds_nothing(void **state)
     itest_assert_check(&k);
     assert_int_equal(itest_kvd_stop(&k), 0);
     free(pages);
+    free(tok);
+}
+
+/* The "Not done" of docs/engine-shim.md until decision 57: a chunk of a large extend evicted
+ * unreferenced prefixes to find its pages, then a later chunk failed, and the prefixes were
+ * lost for nothing. Pool 1500; a client's 8-page prompt cached and released; 1020 pages free.
+ * An extend of 2000 pages (chunks 1024 + 976) is refused before its first chunk evicts; one of
+ * 1028 (what free + evictable give) succeeds and evicts what it needs. */
+static void test_failed_extend_keeps_the_cache(void **state)
+{
+    (void)state;
+    const char *const extra[] = {"--pages_fp8", "1500", NULL};
+    itest_kvd_t k;
+    itest_kvd_start(&k, extra);
+    kvc_t *c = itest_connect(&k, "cacher");
+    uint32_t known[8], ktok[8 * PT], hit[8];
+    itest_seal_known(c, 61, 8, known);
+    assert_int_equal(kvc_release(c, known, 8), KV_ERR_OK);
+    itest_prompt_tokens(61, 8, ktok);
+    uint32_t *held = malloc(472 * sizeof *held);
+    assert_non_null(held);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 472, held), KV_ERR_OK);
+    assert_int_equal(itest_stat(&k, "pages_free.fp8"), 1020);
+    kvs_t *s = shim_open(&k, "large extend");
+    assert_non_null(s);
+    const size_t n = 2000 * PT;
+    uint32_t *tok = malloc(n * sizeof *tok);
+    assert_non_null(tok);
+    prompt(8, tok, n);
+    kvs_seq_t *q;
+    size_t cached, np = 0;
+    assert_int_equal(kvs_seq_begin(s, tok, 3, &q, &cached), KV_ERR_OK);
+    const uint64_t a0 = itest_stat(&k, "alloc_pages");
+    kv_err_t e = kvs_seq_extend(q, tok, n);
+    print_message("refused: %s\n", kvs_errmsg(s));
+    assert_int_equal(itest_stat(&k, "evictions_pressure"), 0); /* was 4: the first chunk's */
+    expect(e, KV_ERR_RESOURCE_EXHAUSTED, s,
+           "reserve 2000 refused before allocating or evicting anything");
+    assert_int_equal(itest_stat(&k, "alloc_pages"), a0);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 8);
+    assert_int_equal(kvc_lookup(c, ktok, 8 * PT, NULL, 0, 1, hit, 8, &np, NULL), KV_ERR_OK);
+    assert_int_equal(np, 8);
+    assert_memory_equal(hit, known, sizeof known);
+    assert_int_equal(kvs_seq_len(q), 0);
+    /* what the pool can give: 1020 free + 8 evictable */
+    assert_int_equal(kvs_seq_extend(q, tok, 1028 * PT), KV_ERR_OK);
+    assert_int_equal(kvs_seq_pages(q, NULL, 0), 1028);
+    assert_int_equal(itest_stat(&k, "evictions_pressure"), 8);
+    assert_int_equal(kvs_seq_end(&q), KV_ERR_OK);
+    kvs_close(&s);
+    assert_int_equal(kvc_release(c, held, 472), KV_ERR_OK);
+    kvc_close(&c);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    free(held);
     free(tok);
 }
 
@@ -763,6 +821,7 @@ int main(void)
         cmocka_unit_test(test_f16_bf16_inputs_write_the_float_pages),
         cmocka_unit_test(test_seal_timeout_loses_the_sequence),
         cmocka_unit_test(test_extend_larger_than_the_pool_holds_nothing),
+        cmocka_unit_test(test_failed_extend_keeps_the_cache),
         cmocka_unit_test(test_extend_or_commit_before_append_refused),
         cmocka_unit_test(test_close_waits_one_timeout),
         cmocka_unit_test(test_close_ends_the_session),

@@ -60,6 +60,21 @@ static void test_kvproto_alloc_ok_and_bounds(void **state)
     a.count = 1;
     a.format = (Kvd__Format)5;
     assert_int_equal(decode(buf, pack(&r, buf), &lim, &id, &op, msg), KV_ERR_INVALID_ARGUMENT);
+    /* reserve: 0 (none), or count .. KVP_MAX_RESERVE, whatever max_alloc says */
+    a.format = KVD__FORMAT__FORMAT_FP8;
+    a.count = 4;
+    const uint32_t ok[] = {0, 4, 5, 1000000, KVP_MAX_RESERVE};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        a.reserve = ok[i];
+        assert_int_equal(decode(buf, pack(&r, buf), &lim, &id, &op, msg), KV_ERR_OK);
+    }
+    const uint32_t bad[] = {1, 3, KVP_MAX_RESERVE + 1, UINT32_MAX};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        a.reserve = bad[i];
+        assert_int_equal(decode(buf, pack(&r, buf), &lim, &id, &op, msg),
+                         KV_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(msg, "alloc: reserve"));
+    }
 }
 
 /* session_fence (an admin call): any session id but 0 passes the gate */

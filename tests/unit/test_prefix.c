@@ -382,6 +382,70 @@ static void test_all_cache_allocates(void **state)
     }
 }
 
+/* kvd_core_can_provide adds up what an alloc's eviction would find (free pages, retired ones a
+ * collection frees, LRU entries past their epoch) without changing anything, and
+ * kvd_core_alloc_reserve refuses a reserve beyond it before evicting: a chunked allocation
+ * whose later chunk failed had cost cache entries for nothing (decision 57). */
+static void test_can_provide_and_reserve(void **state)
+{
+    (void)state;
+    kvd_core_t *c = fx_core();
+    uint64_t a;
+    FX_OK(kvd_core_session_open(c, 1, 0, &a));
+    uint32_t ids[4], two[2], got[FX_FP8];
+    cache_pages(c, a, 4, 20, ids); /* 4 entries, young: a has not reported their epochs */
+    FX_OK(kvd_core_alloc(c, a, 2, two));
+    FX_OK(kvd_core_release(c, a, two, 2)); /* 2 unsealed pages retired, young too; 1 free */
+    FX_OK(kvd_core_can_provide(c, KV_FMT_FP8, 1));
+    assert_int_equal(kvd_core_can_provide(c, KV_FMT_FP8, 2), KV_ERR_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(kvd_core_errmsg(c),
+                           "2 pages now: 1 can be had (1 free, 0 retired and freeable, 0 cache "
+                           "entries evictable; 4 more evictable after epoch reports) of the 7"));
+    /* a's report made safe without the collection a report runs: 2 retired pages freeable */
+    kvd__session_get(c, a)->safe_epoch = kvd_core_epoch(c);
+    kvd_stats_t s0 = fx_stats(c);
+    FX_OK(kvd_core_can_provide(c, KV_FMT_FP8, 7));
+    assert_int_equal(kvd_core_can_provide(c, KV_FMT_FP8, 8), KV_ERR_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(kvd_core_errmsg(c), "(1 free, 2 retired and freeable, 4 cache entries "
+                                               "evictable; 0 more"));
+    kvd_stats_t s1 = fx_stats(c);
+    assert_memory_equal(&s0, &s1, sizeof s0); /* nothing collected, evicted or counted */
+    FX_OK(kvd_core_pin(c, ids[0])); /* pinned: not evictable */
+    FX_OK(kvd_core_can_provide(c, KV_FMT_FP8, 6));
+    assert_int_equal(kvd_core_can_provide(c, KV_FMT_FP8, 7), KV_ERR_RESOURCE_EXHAUSTED);
+    assert_int_equal(kvd_core_can_provide(c, (kv_fmt_t)KV_FMT_COUNT, 1),
+                     KV_ERR_INVALID_ARGUMENT);
+    FX_OK(kvd_core_can_provide(c, KV_FMT_TQ3, FX_TQ3));
+    assert_int_equal(kvd_core_can_provide(c, KV_FMT_TQ3, FX_TQ3 + 1), KV_ERR_RESOURCE_EXHAUSTED);
+    /* a reserve the pool cannot provide: refused before anything is collected or evicted,
+     * counted as a refused alloc; a reserve beyond the pool is refused the same way */
+    s0 = fx_stats(c);
+    assert_int_equal(kvd_core_alloc_reserve(c, a, 2, 7, got), KV_ERR_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(kvd_core_errmsg(c), "alloc: 2 pages, reserve 7 refused before "
+                                               "allocating or evicting anything: fp8 pool cannot "
+                                               "provide 7 pages now: 6 can be had"));
+    assert_int_equal(kvd_core_alloc_reserve(c, a, 2, 100, got), KV_ERR_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(kvd_core_errmsg(c), "of the 7 in the pool"));
+    s1 = fx_stats(c);
+    assert_int_equal(s1.alloc_calls, s0.alloc_calls + 2);
+    assert_int_equal(s1.alloc_exhausted, s0.alloc_exhausted + 2);
+    s1.alloc_calls = s0.alloc_calls, s1.alloc_exhausted = s0.alloc_exhausted;
+    assert_memory_equal(&s0, &s1, sizeof s0);
+    for (int i = 0; i < 4; i++)
+        assert_true(cached(c, ids[i]));
+    assert_int_equal(kvd_core_alloc_reserve(c, a, 3, 2, got), KV_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvd_core_errmsg(c), "reserve 2 is below the 3 pages asked"));
+    /* a reserve that fits: both chunks succeed, the second evicting the 3 unpinned entries */
+    FX_OK(kvd_core_alloc_reserve(c, a, 2, 6, got));
+    assert_int_equal(fx_stats(c).evictions_pressure, 0);
+    FX_OK(kvd_core_alloc(c, a, 4, got + 2));
+    assert_int_equal(fx_stats(c).evictions_pressure, 3);
+    assert_true(cached(c, ids[0]));
+    assert_int_equal(kvd_core_can_provide(c, KV_FMT_FP8, 1), KV_ERR_RESOURCE_EXHAUSTED);
+    FX_CHECK(c);
+    kvd_core_free(&c);
+}
+
 /* A cached page that changes format keeps its age: an idle FP8 entry retiered into a TQ3 list
  * of warmer entries goes to the list's cold end (it went to the warm end, review finding). */
 static void test_converted_page_keeps_its_age(void **state)
@@ -582,6 +646,7 @@ int main(void)
         cmocka_unit_test(test_refs_cap),
         cmocka_unit_test(test_eviction_order),
         cmocka_unit_test(test_all_cache_allocates),
+        cmocka_unit_test(test_can_provide_and_reserve),
         cmocka_unit_test(test_converted_page_keeps_its_age),
         cmocka_unit_test(test_failed_conversion_keeps_lru_place),
         cmocka_unit_test(test_quota_pin_admin),
