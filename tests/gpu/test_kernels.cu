@@ -479,6 +479,32 @@ static void run_geometry(const Geo &G, bool small, bool attn)
          * (b565707) gives 1.02e-3 / 1.06e-3 on one geometry with the v5 kernel and v8 alike
          * (docs/perf.md v8), while its merged output is at 7.8e-4. */
         check(eo <= 1.5e-3, "attn partial O vs twin", "splits %u: rel %.2e", ns, eo);
+        if (G.pt == 16 && ns == 3) {
+            /* v32: at pt = 16 the launcher runs the kernel variant that copies TQ3 tiles as
+             * whole blocks; a TQ3 pool declared above 2^27 pages (only its first PT are
+             * referenced) makes it run v14's copy plan instead. The same tiles in the same
+             * order: every m, l and non-empty Ō row must be equal bit for bit. */
+            kv_pools_t big = dp;
+            big.pages[KV_FMT_TQ3] = (1u << 27) + 1u;
+            CK(cudaMemset(dm, 0xff, cm.size() * 4));
+            CK(cudaMemset(dl, 0xff, cl.size() * 4));
+            CK(cudaMemset(dO, 0xff, co.size() * 4));
+            KCK(kvk_cuda_attn_partial(&g, &big, ddir, (uint32_t)dir.size(), &db, dq, ns, dm, dl,
+                                      dO, 0));
+            CK(cudaDeviceSynchronize());
+            std::vector<float> vm(cm.size()), vl(cl.size()), vo(co.size());
+            d2h(vm.data(), dm, vm.size());
+            d2h(vl.data(), dl, vl.size());
+            d2h(vo.data(), dO, vo.size());
+            size_t diff = 0;
+            for (size_t i = 0; i < cm.size(); i++) {
+                diff += memcmp(&vm[i], &gm[i], 4) != 0 || memcmp(&vl[i], &gl[i], 4) != 0;
+                if (gl[i] != 0.0f)
+                    diff += memcmp(&vo[i * d], &go[i * d], 4 * d) != 0;
+            }
+            check(diff == 0, "attn pt 16: both copy plans agree", "%zu of %zu partitions differ",
+                  diff, cm.size());
+        }
         std::vector<float> cout((size_t)B * H * d);
         kv_attn_merge(B, ns * KV_FMT_COUNT, H, d, cm.data(), cl.data(), co.data(), cout.data());
         double e_ref = rel_l2(out.data(), ref.data(), out.size());
