@@ -990,7 +990,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
                 it_ntok = fast_page_tokens(bk, p);
             }
         }
-        if constexpr (run16) /* phys · 32 + tokens, one word (the pool has < 2^27 pages) */
+        if constexpr (run16) /* phys · 32 + tokens, one word (phys < 2^27: fast_run16) */
             it_phys = (it_phys << 5) | it_ntok;
         it_mask = __ballot_sync(0xffffffffu, keep);
         it_base += (ItBase)C::kWarps * 32u;
@@ -2080,9 +2080,11 @@ template <int D> cudaError_t set_fast_attr()
 
 /* v32: may the TQ3 phase copy a tile as the page's K and V blocks (fast_phase's run16)? At 16
  * tokens per page, with each block's metadata right after its codes, a page's offset in the
- * pool computable from 32-bit factors, and physical page numbers below 2^27 (one shuffled
- * word carries a page's number and its token count). Where not, attn_fast_kernel<D, false>
- * runs v14's copy plan, with the same results. */
+ * pool computable from 32-bit factors, and pools of at most 2^27 pages (page numbers below
+ * 2^27: one shuffled word carries a page's number and its token count). kv_format.h's layout
+ * meets the first two at every valid geometry today; they are checked so that a layout change
+ * falls back instead of reading wrong bytes. Where not, attn_fast_kernel<D, false> runs v14's
+ * copy plan, with the same results (test_kernels "both copy plans agree"). */
 bool fast_run16(const kv_geom_t &g, const kv_pools_t &pools)
 {
     const uint64_t code = 6ull * g.head_dim; /* 16 tokens of 12·D/32 code bytes */

@@ -115,11 +115,12 @@ kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **o
                        size_t *cached);
 /* Make room for m more tokens (their ids: appended to the sequence's token list). All or
  * nothing: on failure no page and no token was added. RESOURCE_EXHAUSTED when the pool cannot
- * give the pages; an extend of more than 1024 pages is refused before any cache entry is
- * evicted for it when the pool could not give them all at that moment (docs/engine-shim.md,
- * decision 57). FAILED_PRECONDITION while some layer lacks K/V for a token already in the
- * sequence (append every layer of the last extend first: kvs_append could never write those
- * tokens afterwards). */
+ * give the pages (INVALID_ARGUMENT when one 1024-page chunk exceeds a smaller pool); an extend
+ * of more than 1024 pages is refused before any cache entry is evicted for it when the pool
+ * could not give them all at that moment (docs/engine-shim.md, decision 57).
+ * FAILED_PRECONDITION while some layer lacks K/V for a token already in the sequence (append
+ * every layer of the last extend first: kvs_append could never write those tokens
+ * afterwards). */
 kv_err_t kvs_seq_extend(kvs_seq_t *q, const uint32_t *tokens, size_t m);
 /* K/V of the first m (≤ the last kvs_seq_extend's m) tokens of the last kvs_seq_extend for one
  * layer: k, v [m][kv_heads][head_dim] of dtype. Quantized to FP8 (append kernel or its CPU

@@ -118,7 +118,8 @@ template <typename T> static void d2h(T *h, const T *d, size_t n)
 struct Geo {
     uint32_t layers, kv_heads, d, pt, group;
     bool bf16;
-    uint32_t many; /* 0: 5/1/8 pages per sequence; else many / 1 / many + 37 (v2 ring wrap) */
+    uint32_t many; /* 0: 5/1/8 pages per sequence; else many / 1 / many + 37 (v2 ring wrap);
+                    * ≥ 1000: sequence 0's first 600 pages FP8, the rest TQ3 */
 };
 
 /* the device buffer dev must equal want byte for byte: one check named what */
@@ -397,7 +398,9 @@ static void run_geometry(const Geo &G, bool small, bool attn)
             /* mix: random format per page, logical ids reused across sequences (shared prefix);
              * sequence 2 has the bench's mix (first page and last two FP8): splits with one or
              * two FP8 tiles beside TQ3 ones, and (3 splits) one with FP8 pages only */
-            const bool tq = s == 2 ? !(p == 0 || p + 2 >= npg[s]) : rnd() % 2;
+            const bool tq = s == 2 ? !(p == 0 || p + 2 >= npg[s])
+                            : s == 0 && G.many >= 1000 ? p >= 600
+                                                       : rnd() % 2;
             ids.push_back(tq ? P8 + (uint32_t)(rnd() % PT) : PT + (uint32_t)(rnd() % (P8 - PT)));
         }
         indptr[s + 1] = (uint32_t)ids.size();
@@ -820,6 +823,10 @@ int main(int argc, char **argv)
         {1, 2, 128, 33, 12, true, 0},  {3, 1, 128, 16, 1, false, 0}, {1, 2, 128, 16, 4, false, 300},
         {1, 1, 256, 32, 6, true, 40},  {2, 2, 64, 32, 3, false, 60},  {2, 3, 64, 13, 2, true, 0},
         {1, 2, 256, 33, 4, false, 0},
+        /* v32 (pt = 16): splits of more than one directory batch per warp (512 pages a block at
+         * d = 128, 128 at d = 256); at d = 128 sequence 0's first 600 pages are FP8, so that
+         * at 1 split whole batches hold no TQ3 page (the TQ3 phase's refill loops over them) */
+        {1, 2, 128, 16, 4, false, 1100}, {1, 1, 256, 16, 4, true, 300},
     };
     const Geo few[] = {{1, 2, 128, 5, 4, false, 0},
                        {1, 1, 64, 16, 6, true, 0},
