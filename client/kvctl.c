@@ -10,7 +10,8 @@
  *     page ID                      one page's state, refs, format, hash
  *     config get [KEY]             directives and current values
  *     config set KEY VALUE         runtime-mutable directives only
- *     drain                        refuse new sessions/pages; existing work continues
+ *     drain                        refuse new sessions/pages (until kvd restarts); existing
+ *                                  work continues
  *     check                        invariant check; exit 1 when anything is inconsistent
  *     snapshot                     write a durable cache snapshot now (docs/snapshot.md)
  *     events sync                  republish the whole index on the events socket (CLEARED,
@@ -30,10 +31,13 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -58,7 +62,9 @@ static void usage(FILE *f)
             "  page ID                     one page's state\n"
             "  config get [KEY]            directives and values\n"
             "  config set KEY VALUE        change a runtime-mutable directive\n"
-            "  drain                       stop accepting new work\n"
+            "  drain                       stop accepting new work, until kvd restarts\n"
+            "                              (a graceful stop: drain, wait for sessions to go,\n"
+            "                              then SIGTERM)\n"
             "  check                       verify the daemon's invariants (exit 1 if broken)\n"
             "  snapshot                    write a snapshot of the prefix cache now\n"
             "  events sync                 republish the whole index on the events socket\n"
@@ -136,10 +142,31 @@ static int opt_value(int argc, const char **argv, int *i, const char *name, cons
     return 1;
 }
 
+/* A failure before any call (the socket check, connect): its reason on stderr and, with
+ * --json, as {"error":NAME,"message":...} on stdout, the shape of a failed call's. */
+static void fail_early(const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void fail_early(const char *name, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (json) {
+        printf("{\"error\":\"%s\",\"message\":", name);
+        jstr(msg);
+        printf("}\n");
+    }
+    fprintf(stderr, "kvctl: %s\n", msg);
+}
+
 /* ZeroMQ lets a client connect before the server binds, so a missing socket, or one this uid
  * may not open, would only show as a timeout (5 s by default) or a hang (events); an operator
- * deserves the plain reason at once. 0 when ep is not ipc:// or its socket is reachable;
- * else -1, said on stderr. `whose`: "daemon" or "kvd's events publisher". */
+ * deserves the plain reason at once. So does a socket file nothing listens on, left by a kvd
+ * that did not stop cleanly (kill -9, OOM kill, crash): a connect(2) is refused at once. 0
+ * when ep is not ipc:// or its socket is reachable; else -1, said by fail_early. `whose`:
+ * "daemon" or "kvd's events publisher". */
 static int check_socket(const char *ep, const char *whose)
 {
     if (strncmp(ep, "ipc://", 6) != 0)
@@ -147,42 +174,60 @@ static int check_socket(const char *ep, const char *whose)
     const char *path = ep + 6;
     const char *fix = "run kvctl as kvd's user (or root), or set socket_group in kvd's config "
                       "and add this user to that group";
+    const char *una = kv_err_name(KV_ERR_UNAVAILABLE), *den = kv_err_name(KV_ERR_PERMISSION_DENIED);
     struct stat sb;
     if (stat(path, &sb) != 0) {
         int e = errno;
         if (e == ENOENT || e == ENOTDIR)
-            fprintf(stderr,
-                    "kvctl: no %s at %s: no socket file %s (is kvd running? set --endpoint or "
-                    "$KVD_ENDPOINT)\n",
-                    whose, ep, path);
+            fail_early(una,
+                       "no %s at %s: no socket file %s (is kvd running? set --endpoint or "
+                       "$KVD_ENDPOINT)",
+                       whose, ep, path);
         else if (e == EACCES)
-            fprintf(stderr,
-                    "kvctl: cannot reach %s at %s: permission denied: a directory above the "
-                    "socket is not accessible to uid %u (kvd makes its socket directory 0700); "
-                    "%s\n",
-                    whose, ep, (unsigned)getuid(), fix);
+            fail_early(den,
+                       "cannot reach %s at %s: permission denied: a directory above the "
+                       "socket is not accessible to uid %u (kvd makes its socket directory "
+                       "0700); %s",
+                       whose, ep, (unsigned)getuid(), fix);
         else
-            fprintf(stderr, "kvctl: cannot reach %s at %s: stat(%s): %s\n", whose, ep, path,
-                    strerror(e));
+            fail_early(una, "cannot reach %s at %s: stat(%s): %s", whose, ep, path, strerror(e));
         return -1;
     }
     if (!S_ISSOCK(sb.st_mode)) {
-        fprintf(stderr, "kvctl: %s is not a socket (wrong --endpoint?)\n", path);
+        fail_early(una, "%s is not a socket (wrong --endpoint?)", path);
         return -1;
     }
     /* connect(2) on a Unix socket needs write permission on the file */
     if (access(path, W_OK) != 0) {
         int e = errno;
         if (e == EACCES)
-            fprintf(stderr,
-                    "kvctl: cannot reach %s at %s: permission denied: the socket (owner uid %u, "
-                    "mode %03o) is not writable by uid %u; %s\n",
-                    whose, ep, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
-                    (unsigned)getuid(), fix);
+            fail_early(den,
+                       "cannot reach %s at %s: permission denied: the socket (owner uid %u, "
+                       "mode %03o) is not writable by uid %u; %s",
+                       whose, ep, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
+                       (unsigned)getuid(), fix);
         else
-            fprintf(stderr, "kvctl: cannot reach %s at %s: access(%s): %s\n", whose, ep, path,
-                    strerror(e));
+            fail_early(una, "cannot reach %s at %s: access(%s): %s", whose, ep, path, strerror(e));
         return -1;
+    }
+    /* non-blocking: a listener with a full backlog answers EAGAIN, not a wait; only
+     * ECONNREFUSED (no listener) is a verdict, anything else is left to the call */
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && strlen(path) < sizeof sa.sun_path) {
+        memcpy(sa.sun_path, path, strlen(path) + 1);
+        int refused = connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 && errno == ECONNREFUSED;
+        close(fd);
+        if (refused) {
+            fail_early(una,
+                       "no %s at %s: nothing listens on %s, a socket file left by a kvd that "
+                       "did not stop cleanly (killed or crashed); start kvd again (it "
+                       "replaces the file)",
+                       whose, ep, path);
+            return -1;
+        }
+    } else if (fd >= 0) {
+        close(fd);
     }
     return 0;
 }
@@ -317,6 +362,10 @@ static void print_page(const Kvd__PageInfoRep *p)
 
 static void print_config(Kvd__ConfigItem **items, size_t n, int single)
 {
+    int kw = 16; /* the key column: as wide as the longest key (max_sessions_per_pid) */
+    for (size_t i = 0; i < n; i++)
+        if (strlen(items[i]->key) > (size_t)kw && strlen(items[i]->key) < 40)
+            kw = (int)strlen(items[i]->key);
     if (json && !single)
         printf("{\"config\":[");
     for (size_t i = 0; i < n; i++) {
@@ -334,7 +383,7 @@ static void print_config(Kvd__ConfigItem **items, size_t n, int single)
             jstr(it->help);
             printf("}");
         } else {
-            printf("%-16s = %-28s %s%s\n", it->key, it->value, it->mutable_ ? "[runtime] " : "",
+            printf("%-*s = %-28s %s%s\n", kw, it->key, it->value, it->mutable_ ? "[runtime] " : "",
                    it->help);
         }
     }
@@ -425,7 +474,8 @@ static int events_endpoint(const char *ep, int timeout, char *out, size_t cap)
     kvc_t *c;
     kv_err_t e = kvc_connect(&c, ep, timeout);
     if (e != KV_ERR_OK) {
-        fprintf(stderr, "kvctl: cannot connect to %s: %s\n", ep, kv_err_name(e));
+        fail_early(kv_err_name(e), "cannot connect to %s: %s%s", ep, kv_err_name(e),
+                   e == KV_ERR_INVALID_ARGUMENT ? " (kvd's endpoint is ipc://PATH)" : "");
         return -1;
     }
     Kvd__Request req = KVD__REQUEST__INIT;
@@ -588,6 +638,10 @@ int main(int argc, char **argv)
     for (int i = ai; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = 1;
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout); /* `kvctl cache --help` asks for help, not a usage error */
+            return 0;
+        }
         else if (nargs == 8) { /* more than any command takes: refused, not cut short */
             fprintf(stderr, "kvctl: too many arguments (see kvctl --help)\n");
             return 2;
@@ -693,7 +747,8 @@ int main(int argc, char **argv)
     kvc_t *c;
     kv_err_t e = kvc_connect(&c, ep, timeout);
     if (e != KV_ERR_OK) {
-        fprintf(stderr, "kvctl: cannot connect to %s: %s\n", ep, kv_err_name(e));
+        fail_early(kv_err_name(e), "cannot connect to %s: %s%s", ep, kv_err_name(e),
+                   e == KV_ERR_INVALID_ARGUMENT ? " (kvd's endpoint is ipc://PATH)" : "");
         return 1;
     }
     Kvd__Reply *rep = NULL;
@@ -745,7 +800,7 @@ int main(int argc, char **argv)
             break;
         case KVD__REPLY__BODY_DRAIN:
             printf(json ? "{\"draining\":true,\"sessions\":%u}\n"
-                        : "draining; %u sessions still attached\n",
+                        : "draining (until kvd restarts); %u sessions still attached\n",
                    rep->drain->sessions);
             break;
         case KVD__REPLY__BODY_CHECK: {

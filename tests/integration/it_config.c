@@ -101,6 +101,18 @@ static void test_kvctl_config_get_set(void **state)
         if (!strstr(out, q))
             fail_msg("config get lacks %s", keys[i]);
     }
+    /* the table: every ' = ' in one column, the longest key's (max_sessions_per_pid pushed
+     * its row and fp8_low_watermark's out of line) */
+    const char *table[] = {"config", "get", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, table), 0);
+    assert_non_null(strstr(out, "\nmax_sessions_per_pid = 64 "));
+    for (const char *line = out; *line; line = strchr(line, '\n') + 1) {
+        const char *eq = strstr(line, " = ");
+        if (!eq || eq - line != (ptrdiff_t)strlen("max_sessions_per_pid"))
+            fail_msg("config get: ' = ' out of line in: %.60s", line);
+        if (!strchr(line, '\n'))
+            break;
+    }
     const char *set[] = {"config", "set", "lease_ms", "250", NULL};
     assert_int_equal(itest_kvctl(&k, out, sizeof out, set), 0);
     const char *get1[] = {"config", "get", "lease_ms", NULL};
@@ -349,6 +361,15 @@ static void test_kvctl_usage_errors(void **state)
     const char *help[] = {"", "-h", NULL};
     assert_int_equal(kvctl_run(-1, help, out, sizeof out), 0);
     assert_non_null(strstr(out, "usage: kvctl"));
+    /* help after a command is help too (it was "unknown command or wrong arguments", exit 2),
+     * and no daemon is needed for it */
+    const char *sub_help[][5] = {{"", "cache", "--help"}, {"", "status", "-h"},
+                                 {"", "config", "set", "--help"}, {"", "events", "--help"}};
+    for (size_t i = 0; i < sizeof sub_help / sizeof sub_help[0]; i++) {
+        int rc = kvctl_run(-1, sub_help[i], out, sizeof out);
+        if (rc != 0 || !strstr(out, "usage: kvctl") || strstr(out, "kvctl: "))
+            fail_msg("kvctl %s %s: rc %d:\n%s", sub_help[i][1], sub_help[i][2], rc, out);
+    }
 }
 
 /* kvctl said "no socket file (is kvd running?)" for every stat() failure, waited its whole
@@ -398,6 +419,21 @@ static void test_kvctl_socket_errors(void **state)
             fail_msg("kvctl behind a closed directory: rc %d:\n%s", rc, out);
     }
     close(fd);
+    /* a socket file nothing listens on (what a kvd killed by SIGKILL leaves): refused at once,
+     * saying so, not a wait for the timeout ending in "no reply"; --json says it on stdout */
+    snprintf(path, sizeof path, "%s/stale.sock", base);
+    fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    close(fd);
+    snprintf(ep, sizeof ep, "ipc://%s", path);
+    const char *stale[] = {"", "--endpoint", ep, "--timeout", "30000", "--json", "status", NULL};
+    t0 = itest_now_us();
+    rc = kvctl_run(-1, stale, out, sizeof out);
+    if (rc != 1 || !strstr(out, "nothing listens on") ||
+        !strstr(out, "{\"error\":\"UNAVAILABLE\",\"message\":\"no daemon at"))
+        fail_msg("kvctl on a stale socket file: rc %d:\n%s", rc, out);
+    assert_true(itest_now_us() - t0 < 10000000); /* not the 30 s timeout */
     itest_rmtree(base);
 }
 
