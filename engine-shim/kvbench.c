@@ -19,6 +19,10 @@
  * Unless --endpoint is given, kvbench starts its own kvd (path: --kvd, else the build's) on a
  * temporary endpoint with a geometry large enough for the prompt, and stops it at the end.
  * The raw ping-pong always uses its own temporary endpoint. Default run time is a few seconds.
+ *
+ * The temporary directory ($TMPDIR, else /tmp: kvbench-XXXXXX) goes at exit however kvbench
+ * ends (a failure, SIGINT, SIGTERM), and the kvd it started is stopped with SIGTERM first;
+ * only a kvd that failed to start or to stop cleanly leaves it, for its log.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -31,7 +35,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -77,30 +83,140 @@ static void die(const char *what, kvc_t *c)
 
 /* ---- daemon and raw server processes ----------------------------------------------------- */
 static char tmpdir[256];
+static pid_t tmpdir_owner; /* the process that made tmpdir: only it cleans up (forked workers
+                            * and children exit through the same atexit handler) */
+static int tmpdir_keep;    /* 1: left for the user, with the log of a kvd that failed */
+static pid_t own_kvd;      /* the kvd this process started and has not reaped yet, or 0 */
 
-/* Start kvd (argv[0] its path, NULL-terminated) with its output in tmpdir/kvd.log and wait for
- * its fd socket (ep's path + ".fds"), which it creates once it serves. */
-/* An --endpoint ipc:// whose socket file is missing: ZeroMQ would wait for the daemon; say so
- * at once (as kvctl does). NULL (kvbench starts its own) or tcp:// pass. */
-static int daemon_reachable(const char *ep_arg)
+/* Stop our kvd (SIGTERM: a clean stop removes its sockets) and remove tmpdir unless kept.
+ * Async-signal-safe (kill, waitpid, fork, execv): the SIGINT/SIGTERM handler runs it too.
+ * It used to be done only at the end of a successful run: every failure, early return and
+ * Ctrl-C left a /tmp/kvbench-* directory behind. */
+static void cleanup(void)
+{
+    if (getpid() != tmpdir_owner)
+        return;
+    if (own_kvd > 0) {
+        kill(own_kvd, SIGTERM);
+        waitpid(own_kvd, NULL, 0);
+        own_kvd = 0;
+    }
+    if (!tmpdir[0] || tmpdir_keep)
+        return;
+    pid_t p = fork();
+    if (p == 0) {
+        char *const av[] = {"rm", "-rf", "--", tmpdir, NULL};
+        execv("/bin/rm", av);
+        _exit(127);
+    }
+    if (p > 0)
+        waitpid(p, NULL, 0);
+    tmpdir[0] = '\0';
+}
+
+static void on_fatal_signal(int sig)
+{
+    cleanup();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* SIGTERM to our kvd and its exit status (-1: none running); tmpdir is kept for the log when
+ * it did not exit 0. */
+static int stop_own_kvd(void)
+{
+    if (own_kvd <= 0)
+        return -1;
+    int ds = 0;
+    kill(own_kvd, SIGTERM);
+    waitpid(own_kvd, &ds, 0);
+    own_kvd = 0;
+    if (!WIFEXITED(ds) || WEXITSTATUS(ds) != 0)
+        tmpdir_keep = 1;
+    return ds;
+}
+
+/* Why nobody answers at an ipc:// endpoint, or NULL when somebody may: no socket file, one
+ * this uid may not reach, or one nothing listens on (what a kvd killed with SIGKILL leaves).
+ * ZeroMQ would just wait out the timeout (30 s) in each of these cases; kvctl says the same. */
+static const char *ipc_unreachable(const char *ep, char *why, size_t cap)
 {
     struct stat st;
-    if (ep_arg && !strncmp(ep_arg, "ipc://", 6) && stat(ep_arg + 6, &st) != 0) {
-        fprintf(stderr, "kvbench: no daemon at %s: no socket file %s (is kvd running?)\n", ep_arg,
-                ep_arg + 6);
+    const char *path = ep + 6;
+    if (strncmp(ep, "ipc://", 6) != 0)
+        return NULL;
+    if (stat(path, &st) != 0) {
+        if (errno == EACCES)
+            snprintf(why, cap,
+                     "permission denied: a directory above %s is not accessible to "
+                     "uid %u (run as kvd's user, or see socket_group in docs/daemon.md)",
+                     path, (unsigned)getuid());
+        else
+            snprintf(why, cap, "no socket file %s (is kvd running?)", path);
+        return why;
+    }
+    if (access(path, W_OK) != 0) {
+        snprintf(why, cap,
+                 "permission denied: socket %s (uid %u, mode %03o) is not writable by "
+                 "uid %u (run as kvd's user, or see socket_group in docs/daemon.md)",
+                 path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777), (unsigned)getuid());
+        return why;
+    }
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int refused = 0;
+    if (fd >= 0 && strlen(path) < sizeof sa.sun_path) {
+        memcpy(sa.sun_path, path, strlen(path) + 1);
+        refused = connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 && errno == ECONNREFUSED;
+    }
+    if (fd >= 0)
+        close(fd);
+    if (!refused)
+        return NULL;
+    snprintf(why, cap,
+             "nothing listens on %s, a socket file left by a kvd that did not stop "
+             "cleanly (killed or crashed)",
+             path);
+    return why;
+}
+
+/* An --endpoint nobody answers at: say so at once. NULL (kvbench starts its own) passes. */
+static int daemon_reachable(const char *ep_arg)
+{
+    char why[512];
+    if (ep_arg && ipc_unreachable(ep_arg, why, sizeof why)) {
+        fprintf(stderr, "kvbench: no daemon at %s: %s\n", ep_arg, why);
         return 0;
     }
     return 1;
 }
 
-/* the run's temporary directory (tmpdir), removed at exit */
+/* the run's temporary directory (tmpdir) under $TMPDIR (else /tmp, and /tmp when $TMPDIR is
+ * too long for the socket paths inside it), removed at exit by cleanup() */
 static void make_tmpdir(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvbench-XXXXXX");
+    const char *base = getenv("TMPDIR");
+    if (!base || !*base || strlen(base) > 64)
+        base = "/tmp";
+    snprintf(tmpdir, sizeof tmpdir, "%s/kvbench-XXXXXX", base);
     if (!mkdtemp(tmpdir))
         die("mkdtemp", NULL);
+    tmpdir_owner = getpid();
+    atexit(cleanup);
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction sa, old;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_fatal_signal;
+        sigemptyset(&sa.sa_mask);
+        /* a signal the caller ignores (nohup, a background job's SIGINT) stays ignored */
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+            sigaction(sigs[i], &sa, NULL);
+    }
 }
 
+/* Start kvd (argv[0] its path, NULL-terminated) with its output in tmpdir/kvd.log and wait for
+ * its fd socket (ep's path + ".fds"), which it creates once it serves. */
 static pid_t spawn_kvd(char *const *argv, const char *ep)
 {
     const char *kvd = argv[0];
@@ -110,6 +226,9 @@ static pid_t spawn_kvd(char *const *argv, const char *ep)
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        /* its own process group: a Ctrl-C reaches kvbench, which stops kvd with one SIGTERM
+         * (two signals would cut kvd's clean stop short) */
+        setpgid(0, 0);
         int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fd >= 0) {
             dup2(fd, 1);
@@ -122,12 +241,17 @@ static pid_t spawn_kvd(char *const *argv, const char *ep)
         fprintf(stderr, "kvbench: cannot execute %s: %s\n", kvd, strerror(errno));
         _exit(127);
     }
+    if (pid < 0)
+        die("fork", NULL);
+    own_kvd = pid;
     for (int64_t t0 = now_ns(); now_ns() - t0 < 30000000000LL;) {
         struct stat st;
         if (stat(fds, &st) == 0)
             return pid;
         int status;
         if (waitpid(pid, &status, WNOHANG) == pid) {
+            own_kvd = 0;
+            tmpdir_keep = 1; /* the log the message points to */
             fprintf(stderr, "kvbench: %s exited during startup (see %s)\n", kvd, logp);
             FILE *lf = fopen(logp, "r"); /* its last lines, where the reason usually is */
             if (lf) {
@@ -145,7 +269,8 @@ static pid_t spawn_kvd(char *const *argv, const char *ep)
         }
         usleep(2000);
     }
-    fprintf(stderr, "kvbench: kvd did not start\n");
+    tmpdir_keep = 1;
+    fprintf(stderr, "kvbench: kvd did not start within 30 s (see %s)\n", logp);
     exit(1);
 }
 
@@ -343,42 +468,93 @@ static void usage(FILE *f)
             "  --kvd PATH           kvd binary to start on a temporary endpoint (default: the\n"
             "                       build's)\n"
             "  --iters N            round trips per figure (default 5000, at least 100)\n"
-            "  --prompt-tokens T    long-prompt length for lookup+acquire (default 32768)\n");
+            "  --prompt-tokens T    long-prompt length for lookup+acquire (default 32768; on a\n"
+            "                       running daemon at most its FP8 pool's pages x page_tokens)\n"
+            "\n"
+            "Temporary files: $TMPDIR (else /tmp)/kvbench-XXXXXX, removed at exit.\n");
+}
+
+static int eng_u32(const char *a, uint32_t *v);
+
+/* Before the first figure: the long prompt must be at least one page of the daemon's geometry
+ * and fit its FP8 pool (one client holds all its pages while sealing them). It used to fail
+ * after the other figures, with RESOURCE_EXHAUSTED on a pool too small, and a prompt under one
+ * page measured a lookup of 0 pages and reported the 1 ms goal met. 0, or 1 said on stderr. */
+static int rpc_preflight(const char *ep, uint32_t prompt)
+{
+    kvc_t *c;
+    Kvd__Reply *rep;
+    if (kvc_connect(&c, ep, 30000) != KV_ERR_OK)
+        die("connect", NULL);
+    if (status_call(c, &rep) != KV_ERR_OK)
+        die("status", c);
+    const Kvd__StatusRep *r = rep->status_rep;
+    uint64_t fp8 = 0;
+    for (size_t i = 0; i < r->n_stats; i++)
+        if (!strcmp(r->stats[i]->name, "pages_total.fp8"))
+            fp8 = r->stats[i]->value;
+    const uint32_t pt = r->geometry ? r->geometry->page_tokens : 0;
+    int rc = 0;
+    if (!pt || prompt < pt) {
+        fprintf(stderr,
+                "kvbench: --prompt-tokens %u is less than one page of the daemon's "
+                "geometry (page_tokens %u): pass at least %u\n",
+                prompt, pt, pt);
+        rc = 1;
+    } else if (prompt / pt > fp8) {
+        fprintf(stderr,
+                "kvbench: --prompt-tokens %u needs %u FP8 pages, more than the daemon's "
+                "pool of %" PRIu64 " (pages_fp8): pass --prompt-tokens %" PRIu64 " or less, or "
+                "start kvd with pages_fp8 = %u or more (docs/daemon.md, \"Benchmark\")\n",
+                prompt, prompt / pt, fp8, fp8 * pt, prompt / pt + 1024);
+        rc = 1;
+    }
+    kvc_reply_free(&rep);
+    kvc_close(&c);
+    return rc;
 }
 
 static int bench_rpc(int argc, char **argv)
 {
     const char *ep_arg = NULL, *kvd = KVD_BIN;
-    int iters = 5000;
-    uint32_t prompt = 32768;
+    uint32_t iters_arg = 5000, prompt = 32768;
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--endpoint") && i + 1 < argc)
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint32_t *num = !strcmp(a, "--iters")           ? &iters_arg
+                        : !strcmp(a, "--prompt-tokens") ? &prompt
+                                                        : NULL;
+        if (num) {
+            /* digits only, as kvbench engine's: "abc" was 0 (--iters then 100, a 0-token
+             * "long prompt") and "-1" 2^32 - 1 */
+            if (!v || eng_u32(v, num) || !*num || (num == &iters_arg && *num > 100000000)) {
+                fprintf(stderr, "kvbench: %s needs a positive integer%s, got '%s'\n", a,
+                        num == &iters_arg ? " (at most 100000000)" : "", v ? v : "");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--endpoint") && v)
             ep_arg = argv[++i];
-        else if (!strcmp(argv[i], "--kvd") && i + 1 < argc)
+        else if (!strcmp(a, "--kvd") && v)
             kvd = argv[++i];
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-            iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--prompt-tokens") && i + 1 < argc)
-            prompt = (uint32_t)strtoul(argv[++i], NULL, 10);
         else {
-            fprintf(stderr, "kvbench: unknown or incomplete argument '%s'\n", argv[i]);
+            fprintf(stderr, "kvbench: unknown or incomplete argument '%s'\n", a);
             usage(stderr);
             return 2;
         }
     }
-    if (iters < 100)
-        iters = 100;
+    const int iters = iters_arg < 100 ? 100 : (int)iters_arg;
     if (!daemon_reachable(ep_arg))
         return 1;
     make_tmpdir();
     char ep[400];
-    pid_t dpid = 0;
     if (ep_arg)
         snprintf(ep, sizeof ep, "%s", ep_arg);
     else {
         snprintf(ep, sizeof ep, "ipc://%s/run/kvd.sock", tmpdir);
-        dpid = start_kvd(kvd, ep, prompt / 16 + 16);
+        start_kvd(kvd, ep, prompt / 16 + 16);
     }
+    if (rpc_preflight(ep, prompt) != 0)
+        return 1;
     int64_t *lat = malloc(sizeof(int64_t) * (size_t)iters);
     if (!lat)
         die("malloc", NULL);
@@ -388,7 +564,8 @@ static int bench_rpc(int argc, char **argv)
     kvc_t *c;
     if (kvc_connect(&c, ep, 30000) != KV_ERR_OK || kvc_hello(c, NULL, "kvbench", 1) != KV_ERR_OK)
         die("connect/hello", c);
-    uint32_t pt = kvc_geom(c)->page_tokens;
+    const kv_geom_t geom = *kvc_geom(c);
+    const uint32_t pt = geom.page_tokens;
 
     /* alloc round trips (release outside the timed region) */
     for (int i = 0; i < iters + 200; i++) {
@@ -404,8 +581,11 @@ static int bench_rpc(int argc, char **argv)
     }
     double alloc_p50 = pct_us(lat, iters, 0.5), alloc_p99 = pct_us(lat, iters, 0.99);
 
-    /* lookup+acquire of a cached 4-page prompt */
-    uint32_t small[4 * 64];
+    /* lookup+acquire of a cached 4-page prompt (4 pages of the daemon's page_tokens, up to
+     * 4096: a stack array of 4 x 64 tokens overflowed on a daemon of page_tokens > 64) */
+    uint32_t *small = malloc(sizeof(uint32_t) * 4 * pt);
+    if (!small)
+        die("malloc", NULL);
     prompt_tokens(small, 4 * pt, 7);
     seal_prompt(c, small, 4);
     for (int i = 0; i < iters + 200; i++) {
@@ -492,9 +672,9 @@ static int bench_rpc(int argc, char **argv)
         rc_sum += rc[i];
     }
 
-    printf("{\n  \"bench\": \"rpc\",\n  \"iters\": %d,\n  \"geometry\": {\"layers\": 4, "
-           "\"kv_heads\": 8, \"head_dim\": 128, \"page_tokens\": %u},\n",
-           iters, pt);
+    printf("{\n  \"bench\": \"rpc\",\n  \"iters\": %d,\n  \"geometry\": {\"layers\": %u, "
+           "\"kv_heads\": %u, \"head_dim\": %u, \"page_tokens\": %u},\n",
+           iters, geom.layers, geom.kv_heads, geom.head_dim, pt);
     printf("  \"raw_zmq_us\": {\"p50\": %.2f, \"p99\": %.2f},\n", raw_p50, raw_p99);
     printf("  \"alloc_us\": {\"p50\": %.2f, \"p99\": %.2f, \"overhead_vs_raw\": %.2f},\n",
            alloc_p50, alloc_p99, alloc_p50 / raw_p50);
@@ -514,15 +694,9 @@ static int bench_rpc(int argc, char **argv)
            rc_ok && rc_max <= 100 ? "true" : "false");
     free(tok);
     free(got);
+    free(small);
     free(lat);
-    if (dpid > 0) {
-        kill(dpid, SIGTERM);
-        waitpid(dpid, NULL, 0);
-    }
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) {
-    }
+    stop_own_kvd(); /* the directory goes at exit (cleanup) */
     return 0;
 }
 
@@ -1229,11 +1403,7 @@ static int bench_engine(int argc, char **argv)
                 "kvbench engine: the daemon's backend is %s (device pools) but this "
                 "kvbench was built without CUDA; rebuild with -DKVD_CUDA=ON\n",
                 st0.backend);
-        if (dpid > 0) {
-            kill(dpid, SIGTERM);
-            waitpid(dpid, NULL, 0);
-        }
-        return 1;
+        return 1; /* cleanup() stops the daemon */
     }
 #endif
     if (!o.q_heads) /* the default: two query heads per KV head of the daemon's geometry */
@@ -1241,10 +1411,6 @@ static int bench_engine(int argc, char **argv)
     if (!g.kv_heads || o.q_heads % g.kv_heads) {
         fprintf(stderr, "kvbench engine: --q-heads %u is not a multiple of kv_heads %u\n",
                 o.q_heads, g.kv_heads);
-        if (dpid > 0) {
-            kill(dpid, SIGTERM);
-            waitpid(dpid, NULL, 0);
-        }
         return 2;
     }
     o.pages_fp8 = (uint32_t)st0.fp8_total; /* what the daemon has, started here or not */
@@ -1299,7 +1465,8 @@ static int bench_engine(int argc, char **argv)
         b == 'r' ? nready++ : nfailed++;
     fprintf(stderr, "kvbench engine: %u workers ready (%u failed to start); go\n", nready,
             o.workers - nready);
-    if (kvc_connect(&c, ep, 30000) != KV_ERR_OK)
+    /* 2 s per poll, not 30: a daemon that went away is noticed after one of them */
+    if (kvc_connect(&c, ep, 2000) != KV_ERR_OK)
         die("connect (status poll)", NULL);
     int64_t t0 = now_ns();
     for (uint32_t w = 0; w < o.workers; w++) {
@@ -1309,14 +1476,28 @@ static int bench_engine(int argc, char **argv)
     }
     close(go[1]);
     close(ready[0]);
-    /* Poll the daemon while the workers run: the highest FP8 / TQ3 pages in use. */
+    /* Poll the daemon while the workers run: the highest FP8 / TQ3 pages in use. When the
+     * daemon goes away the workers are killed: each of their calls in flight would wait out
+     * libkvshim's 60 s timeout, and this loop waited with them (over 2 minutes in all). */
     uint64_t fp8_max = 0, tq3_max = 0, polls = 0;
-    int left = (int)o.workers, bad_exit = 0;
+    int left = (int)o.workers, bad_exit = 0, gone = 0;
     while (left > 0) {
-        if (eng_status(c, &st) == 0) {
+        char why[512];
+        if (!gone && eng_status(c, &st) == 0) {
             polls++;
             fp8_max = st.fp8_used > fp8_max ? st.fp8_used : fp8_max;
             tq3_max = st.tq3_used > tq3_max ? st.tq3_used : tq3_max;
+        } else if (!gone && ipc_unreachable(ep, why, sizeof why)) {
+            fprintf(stderr, "kvbench engine: the daemon at %s went away during the run: %s\n", ep,
+                    why);
+            gone = 1;
+        }
+        if (gone == 1) {
+            for (uint32_t w = 0; w < o.workers; w++)
+                if (pids[w] > 0)
+                    kill(pids[w], SIGKILL);
+            gone = 2;
+            bad_exit++;
         }
         for (int64_t tw = now_ns(); left > 0 && now_ns() - tw < 50000000;) {
             int ws;
@@ -1324,10 +1505,17 @@ static int bench_engine(int argc, char **argv)
             if (d > 0 && d != dpid) {
                 left--;
                 bad_exit += !WIFEXITED(ws) || WEXITSTATUS(ws) != 0;
+                for (uint32_t w = 0; w < o.workers; w++)
+                    pids[w] = pids[w] == d ? 0 : pids[w];
             } else if (d > 0 && d == dpid) {
-                fprintf(stderr, "kvbench engine: the daemon exited during the run\n");
-                dpid = 0;
-                bad_exit++;
+                fprintf(stderr,
+                        "kvbench engine: the daemon exited during the run (%s %d; log "
+                        "%s/kvd.log)\n",
+                        WIFSIGNALED(ws) ? "signal" : "status",
+                        WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws), tmpdir);
+                dpid = own_kvd = 0;
+                tmpdir_keep = 1; /* its log says why */
+                gone = gone ? gone : 1;
             } else
                 usleep(1000);
         }
@@ -1335,7 +1523,7 @@ static int bench_engine(int argc, char **argv)
     double wall_s = (double)(now_ns() - t0) / 1e9;
     /* the workers' sessions are gone: their references should drop to 0 (the daemon closes a
      * session on goodbye / process exit; poll briefly) */
-    for (int64_t tw = now_ns(); now_ns() - tw < 5000000000LL; usleep(5000))
+    for (int64_t tw = now_ns(); !gone && now_ns() - tw < 5000000000LL; usleep(5000))
         if (eng_status(c, &st) != 0 || st.request_refs == 0)
             break;
     if (!st.ok)
@@ -1496,20 +1684,14 @@ static int bench_engine(int argc, char **argv)
     munmap(mem, bytes);
     free(pids);
     if (dpid > 0) {
-        kill(dpid, SIGTERM);
-        int ds;
-        waitpid(dpid, &ds, 0);
+        int ds = stop_own_kvd();
         if (!WIFEXITED(ds) || WEXITSTATUS(ds) != 0) {
             fprintf(stderr, "kvbench engine: the daemon did not exit cleanly (log %s/kvd.log)\n",
                     tmpdir);
-            return 1; /* keep the log */
+            return 1; /* the log is kept (stop_own_kvd) */
         }
     }
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) {
-    }
-    return ok ? 0 : 1;
+    return ok ? 0 : 1; /* the directory goes at exit (cleanup) */
 }
 
 /* Does any of argv[0..argc) ask for help? */

@@ -18,13 +18,28 @@
  *    `kvctl check` is clean.
  * 3. bad arguments: exit 2 and usage; a missing daemon: exit 1 naming the socket; a --kvd that
  *    cannot be executed: exit 1 saying why; --help: 0.
+ * 4. `kvbench rpc` on a running daemon of page_tokens 128 (a 4 x 64-token stack array
+ *    overflowed there: SIGSEGV) reports that geometry (it printed 4/8/128/16 always); a prompt
+ *    over the pool or under a page, and --iters abc, are refused before any figure; a socket
+ *    file nothing listens on is said at once; none of these leaves a kvbench-* directory.
+ * 5. The daemon killed under `kvbench engine --endpoint`: the run fails within seconds (the
+ *    workers' calls waited out 60 s timeouts and the status polls 30 s ones: over 2 minutes).
+ * 6. SIGTERM to `kvbench rpc` mid-run: its own kvd is stopped and its directory removed.
  */
+#include <dirent.h>
+#include <fcntl.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -210,7 +225,7 @@ static void test_bad_arguments(void **state)
     assert_int_equal(
         itest_run((const char *[]){KVBENCH_BIN, "rpc", "--kvd", "/tmp", NULL}, out, OUT_CAP), 1);
     assert_non_null(strstr(out, "cannot execute /tmp: Permission denied"));
-    const char *see = strstr(out, "(see /tmp/kvbench-"); /* kept for the user: remove it here */
+    const char *see = strstr(out, "(see "); /* kept for the user: remove it here */
     assert_non_null(see);
     char logp[256];
     assert_int_equal(sscanf(see, "(see %255[^)])", logp), 1);
@@ -223,12 +238,212 @@ static void test_bad_arguments(void **state)
     free(out);
 }
 
+/* Entries of dir (a TMPDIR given to kvbench) other than . and .. */
+static int dir_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+/* kvbench rpc with args (NULL-terminated) and TMPDIR=tmp; output into out */
+static int run_rpc(const char *tmp, char *out, const char *const *args)
+{
+    const char *argv[32] = {KVBENCH_BIN, "rpc"};
+    int n = 2;
+    for (; *args && n < 31; args++)
+        argv[n++] = *args;
+    argv[n] = NULL;
+    setenv("TMPDIR", tmp, 1);
+    int rc = itest_run(argv, out, OUT_CAP);
+    unsetenv("TMPDIR");
+    return rc;
+}
+
+static void test_rpc_checks_on_a_running_daemon(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--page_tokens", "128", NULL}; /* 256 FP8 pages of 128 tokens */
+    itest_kvd_t k;
+    itest_kvd_start(&k, extra);
+    char tmp[256];
+    itest_tmpdir(tmp, sizeof tmp, "kvbench-it-tmp");
+    static char out[OUT_CAP];
+    const char *ok[] = {"--endpoint",      k.endpoint, "--iters", "100",
+                        "--prompt-tokens", "4096",     NULL};
+    int rc = run_rpc(tmp, out, ok);
+    if (rc != 0 ||
+        !strstr(out, "\"geometry\": {\"layers\": 2, \"kv_heads\": 2, \"head_dim\": 64, "
+                     "\"page_tokens\": 128}") ||
+        !strstr(out, "\"lookup_long\": {\"tokens\": 4096, \"pages\": 32,"))
+        fail_msg("kvbench rpc on page_tokens 128: rc %d:\n%s", rc, out);
+    const struct {
+        const char *a, *v;
+        int rc;
+        const char *says;
+    } bad[] = {
+        {"--prompt-tokens", "65536", 1, "needs 512 FP8 pages, more than the daemon's pool of 256"},
+        {"--prompt-tokens", "100", 1, "less than one page of the daemon's geometry"},
+        {"--iters", "abc", 2, "--iters needs a positive integer"},
+        {"--prompt-tokens", "-1", 2, "--prompt-tokens needs a positive integer"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *args[] = {"--endpoint", k.endpoint, "--iters", "100", bad[i].a, bad[i].v, NULL};
+        rc = run_rpc(tmp, out, args);
+        if (rc != bad[i].rc || !strstr(out, bad[i].says) || strchr(out, '{'))
+            fail_msg("kvbench rpc %s %s: rc %d, wanted %d and '%s':\n%s", bad[i].a, bad[i].v, rc,
+                     bad[i].rc, bad[i].says, out);
+    }
+    /* a socket file nothing listens on (a kvd killed with SIGKILL leaves one) */
+    char path[320], ep[340];
+    snprintf(path, sizeof path, "%s/stale.sock", tmp);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    close(fd);
+    snprintf(ep, sizeof ep, "ipc://%s", path);
+    const char *stale[] = {"--endpoint", ep, NULL};
+    int64_t t0 = itest_now_us();
+    rc = run_rpc(tmp, out, stale);
+    if (rc != 1 || !strstr(out, "nothing listens on") || itest_now_us() - t0 > 10000000)
+        fail_msg("kvbench rpc on a stale socket: rc %d:\n%s", rc, out);
+    assert_int_equal(unlink(path), 0);
+    if (dir_entries(tmp) != 0)
+        fail_msg("kvbench rpc left %d entries in its TMPDIR %s", dir_entries(tmp), tmp);
+    itest_rmtree(tmp);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
+/* fork + exec argv with stdout and stderr into the file `log`, TMPDIR=tmp; its pid */
+static pid_t spawn_logged(const char *const *argv, const char *log, const char *tmp)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+            _exit(126);
+        setenv("TMPDIR", tmp, 1);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* waitpid with a deadline (SIGKILL and a failed test past it); the status */
+static int wait_within(pid_t pid, int64_t us, const char *what)
+{
+    int st;
+    for (int64_t t0 = itest_now_us(); itest_now_us() - t0 < us;) {
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return st;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    fail_msg("%s: still running after %lld s", what, (long long)(us / 1000000));
+    return -1;
+}
+
+static void read_file(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    fclose(f);
+}
+
+static void test_engine_daemon_killed_fails_fast(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    char tmp[256], log[300];
+    itest_tmpdir(tmp, sizeof tmp, "kvbench-it-tmp");
+    snprintf(log, sizeof log, "%s.log", tmp);
+    const char *argv[] = {KVBENCH_BIN,  "engine", "--endpoint", k.endpoint,
+                          "--requests", "100000", NULL};
+    pid_t pid = spawn_logged(argv, log, tmp);
+    /* both workers attached (and the reference session): then the daemon dies */
+    assert_true(itest_wait_stat(&k, "sessions_opened", 3, 30000) >= 0);
+    kill(k.pid, SIGKILL);
+    waitpid(k.pid, NULL, 0);
+    int64_t t0 = itest_now_us();
+    int st = wait_within(pid, 30000000, "kvbench engine after its daemon was killed");
+    static char out[OUT_CAP];
+    read_file(log, out, sizeof out);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !strstr(out, "went away during the run") ||
+        !strstr(out, "\"ok\": false"))
+        fail_msg("kvbench engine, daemon killed: status %d after %.1f s:\n%s", st,
+                 (double)(itest_now_us() - t0) / 1e6, out);
+    fprintf(stderr, "[ kvbench ] the daemon's death ended the run in %.1f s\n",
+            (double)(itest_now_us() - t0) / 1e6);
+    assert_int_equal(dir_entries(tmp), 0);
+    assert_int_equal(unlink(log), 0);
+    itest_rmtree(tmp);
+    k.pid = 0; /* reaped above */
+    itest_rmtree(k.dir);
+}
+
+static void test_rpc_sigterm_cleans_up(void **state)
+{
+    (void)state;
+    char tmp[256], log[300];
+    itest_tmpdir(tmp, sizeof tmp, "kvbench-it-tmp");
+    snprintf(log, sizeof log, "%s.log", tmp);
+    const char *argv[] = {KVBENCH_BIN, "rpc", "--kvd", KVD_BIN, "--iters", "10000000", NULL};
+    pid_t pid = spawn_logged(argv, log, tmp);
+    /* its kvd is ready when TMPDIR/kvbench-XXXXXX/run/kvd.sock.fds exists */
+    char fds[1024] = "";
+    for (int64_t t0 = itest_now_us(); !fds[0] && itest_now_us() - t0 < 30000000;) {
+        DIR *d = opendir(tmp);
+        assert_non_null(d);
+        for (struct dirent *e; (e = readdir(d));) {
+            char p[1024];
+            struct stat sb;
+            snprintf(p, sizeof p, "%s/%s/run/kvd.sock.fds", tmp, e->d_name);
+            if (e->d_name[0] != '.' && stat(p, &sb) == 0)
+                snprintf(fds, sizeof fds, "%s", p);
+        }
+        closedir(d);
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    if (!fds[0]) {
+        kill(pid, SIGKILL); /* its kvd dies with it (PR_SET_PDEATHSIG) */
+        waitpid(pid, NULL, 0);
+        fail_msg("kvbench rpc's kvd never became ready in %s", tmp);
+    }
+    struct timespec ts = {0, 300000000}; /* into the figures */
+    nanosleep(&ts, NULL);
+    kill(pid, SIGTERM);
+    int st = wait_within(pid, 30000000, "kvbench rpc after SIGTERM");
+    static char out[OUT_CAP];
+    read_file(log, out, sizeof out);
+    if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGTERM || dir_entries(tmp) != 0)
+        fail_msg("kvbench rpc, SIGTERM: status %d, %d entries left in %s:\n%s", st,
+                 dir_entries(tmp), tmp, out);
+    assert_int_equal(unlink(log), 0);
+    itest_rmtree(tmp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_smoke_prefix_hits_are_exact),
         cmocka_unit_test(test_running_daemon_with_lifecycle),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_rpc_checks_on_a_running_daemon),
+        cmocka_unit_test(test_engine_daemon_killed_fails_fast),
+        cmocka_unit_test(test_rpc_sigterm_cleans_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
