@@ -409,7 +409,7 @@ int kvd_events_init(kvd_events_t **out, uv_loop_t *loop, const kvd_events_opts_t
         char lock[300];
         snprintf(e->ipc_path, sizeof e->ipc_path, "%s", o->endpoint + 6);
         snprintf(lock, sizeof lock, "%s.lock", e->ipc_path);
-        e->lock_fd = kvd_lock_file(lock, o->endpoint, err, errlen);
+        e->lock_fd = kvd_lock_file(lock, o->endpoint, "events_endpoint", err, errlen);
         if (e->lock_fd < 0) {
             e->ipc_path[0] = '\0'; /* the other daemon's socket: not ours to remove */
             goto fail;

@@ -1230,7 +1230,8 @@ static kv_err_t kvd_op_config_get(kvd_req_ctx_t *c)
             return kvd_fail(c, KV_ERR_NOMEM, "out of memory building the reply");
     }
     if (key && key[0] && n == 0)
-        return kvd_fail(c, KV_ERR_NOT_FOUND, "unknown directive '%s'", key);
+        return kvd_fail(c, KV_ERR_NOT_FOUND, "unknown directive '%s' (kvctl config get lists them)",
+                        key);
     b_->items = ptr;
     b_->n_items = n;
     return KV_ERR_OK;
@@ -1892,7 +1893,7 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
     if (kvd_prepare_ipc_dir(s->sock_path, err, errlen) != 0)
         goto fail;
     snprintf(lock_path, sizeof lock_path, "%s.lock", s->sock_path);
-    s->ep_lock = kvd_lock_file(lock_path, cfg->endpoint, err, errlen);
+    s->ep_lock = kvd_lock_file(lock_path, cfg->endpoint, "endpoint", err, errlen);
     if (s->ep_lock < 0)
         goto fail;
     if (cfg->snapshot_dir[0]) {
@@ -1906,7 +1907,7 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
             snprintf(err, errlen, "snapshot_dir path too long");
             goto fail;
         }
-        s->snap_lock = kvd_lock_file(lock_path, "snapshot_dir", err, errlen);
+        s->snap_lock = kvd_lock_file(lock_path, "snapshot_dir", "snapshot_dir", err, errlen);
         if (s->snap_lock < 0)
             goto fail;
     }

@@ -267,7 +267,8 @@ uint64_t kvd_mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-int kvd_lock_file(const char *path, const char *what, char *err, size_t errlen)
+int kvd_lock_file(const char *path, const char *what, const char *directive, char *err,
+                  size_t errlen)
 {
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
@@ -281,8 +282,10 @@ int kvd_lock_file(const char *path, const char *what, char *err, size_t errlen)
         pid[n > 0 ? n : 0] = '\0';
         pid[strcspn(pid, "\n")] = '\0';
         if (e == EWOULDBLOCK)
-            kvd_fmt(err, errlen, "%s is in use by another kvd (pid %s, lock file %s): stop it or "
-                    "give this one its own", what, pid[0] ? pid : "unknown", path);
+            kvd_fmt(err, errlen,
+                    "%s is in use by another kvd (pid %s, lock file %s): stop that "
+                    "kvd, or give this one another %s",
+                    what, pid[0] ? pid : "unknown", path, directive);
         else
             kvd_fmt(err, errlen, "%s: flock(%s) failed: %s", what, path, strerror(e));
         close(fd);

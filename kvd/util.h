@@ -45,10 +45,12 @@ KVD_NORETURN void kvd_panic_at(const char *file, int line, const char *func, con
 /* ---- single-instance lock ----------------------------------------------------------------- */
 /* An exclusive flock on PATH (created 0600, O_NOFOLLOW), which then holds this process's pid as
  * text. Returns the open fd, kept for the process's life (the kernel drops the lock when the
- * process ends, however it ends), or -1 with err naming WHAT and the holder's pid. The file is
- * never unlinked: a daemon unlinking it at exit could let a third one lock a new inode while a
- * second still holds the old one. */
-int kvd_lock_file(const char *path, const char *what, char *err, size_t errlen);
+ * process ends, however it ends), or -1 with err naming WHAT, the holder's pid and the remedy:
+ * another value of DIRECTIVE ("endpoint", "snapshot_dir"). The file is never unlinked: a daemon
+ * unlinking it at exit could let a third one lock a new inode while a second still holds the
+ * old one. */
+int kvd_lock_file(const char *path, const char *what, const char *directive, char *err,
+                  size_t errlen);
 
 /* ---- allocation wrapper ------------------------------------------------------------------ */
 void *kvd_malloc(size_t n);

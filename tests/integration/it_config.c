@@ -124,6 +124,11 @@ static void test_kvctl_config_get_set(void **state)
     assert_int_equal(itest_kvctl(&k, out, sizeof out, oob), 1);
     const char *unk[] = {"config", "set", "nope", "5", NULL};
     assert_int_equal(itest_kvctl(&k, out, sizeof out, unk), 1);
+    /* an unknown key to get says where the keys are, as set does */
+    const char *unk_get[] = {KVCTL_BIN, "--endpoint", k.endpoint, "config", "get", "nope", NULL};
+    if (itest_run(unk_get, out, sizeof out) != 1 ||
+        !strstr(out, "unknown directive 'nope' (kvctl config get lists them)"))
+        fail_msg("config get nope: %s", out);
     /* max_tokens past what the control socket admits (max_msg_bytes 0: derived when it was
      * bound, from max_tokens 1048576) is refused, naming max_msg_bytes: a lookup that long
      * would have dropped its client's connection with no reply to say why. Lowering it, and
@@ -453,13 +458,15 @@ static void test_second_daemon_refused(void **state)
     snprintf(pid, sizeof pid, "pid %d", (int)k.pid);
     const char *same_ep[] = {KVD_BIN, "--endpoint", k.endpoint, NULL};
     assert_int_equal(itest_run(same_ep, out, sizeof out), 1);
-    if (!strstr(out, "in use by another kvd") || !strstr(out, pid))
+    if (!strstr(out, "in use by another kvd") || !strstr(out, pid) ||
+        !strstr(out, "give this one another endpoint"))
         fail_msg("second kvd on one endpoint: %s", out);
     itest_tmpdir(out2, sizeof out2, "kvd-it-lock2");
     snprintf(ep2, sizeof ep2, "ipc://%s/kvd.sock", out2);
     const char *same_snap[] = {KVD_BIN, "--endpoint", ep2, "--snapshot_dir", snap, NULL};
     assert_int_equal(itest_run(same_snap, out, sizeof out), 1);
-    if (!strstr(out, "snapshot_dir is in use by another kvd") || !strstr(out, pid))
+    if (!strstr(out, "snapshot_dir is in use by another kvd") || !strstr(out, pid) ||
+        !strstr(out, "give this one another snapshot_dir"))
         fail_msg("second kvd on one snapshot_dir: %s", out);
     /* the first still answers, on socket files the second did not remove */
     const char *st[] = {"status", NULL};

@@ -199,7 +199,8 @@ static void test_events(void **state)
         snprintf(pid, sizeof pid, "pid %d", (int)k.pid);
         const char *two[] = {KVD_BIN, "--endpoint", ep2, "--events_endpoint", evep, NULL};
         assert_int_equal(itest_run(two, out, sizeof out), 1);
-        if (!strstr(out, "in use by another kvd") || !strstr(out, pid))
+        if (!strstr(out, "in use by another kvd") || !strstr(out, pid) ||
+            !strstr(out, "give this one another events_endpoint"))
             fail_msg("second kvd on one events socket: %s", out);
     }
     kvc_t *c = itest_connect(&k, "events-client");
