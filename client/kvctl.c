@@ -352,9 +352,14 @@ static void print_page(const Kvd__PageInfoRep *p)
         printf("}\n");
         return;
     }
-    printf("page %u: %s, %s phys %u, refs %u%s%s, epoch stamp %" PRIu64 ", generation %u\n",
-           p->page, p->state, fmtname(p->format), p->phys, p->refs, p->sealed ? ", sealed" : "",
-           p->pinned ? ", pinned" : "", p->retire_epoch, p->generation);
+    /* a free page has no physical page (UINT32_MAX), and a sealed one needs no "sealed" flag */
+    char phys[16] = "none";
+    if (p->phys != UINT32_MAX)
+        snprintf(phys, sizeof phys, "%u", p->phys);
+    printf("page %u: %s, %s phys %s, refs %u%s%s, epoch stamp %" PRIu64 ", generation %u\n",
+           p->page, p->state, fmtname(p->format), phys, p->refs,
+           p->sealed && strcmp(p->state, "sealed") ? ", sealed" : "", p->pinned ? ", pinned" : "",
+           p->retire_epoch, p->generation);
     printf("  hash ");
     hex(p->hash.data, p->hash.len, 64);
     printf("\n  %s\n", p->detail);

@@ -113,6 +113,11 @@ static void test_kvctl_config_get_set(void **state)
         if (!strchr(line, '\n'))
             break;
     }
+    /* a free page has no physical page: "phys none", not 4294967295 */
+    const char *page0[] = {"page", "0", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, page0), 0);
+    if (!strstr(out, "page 0: free, fp8 phys none, refs 0"))
+        fail_msg("kvctl page 0 on a fresh daemon: %s", out);
     const char *set[] = {"config", "set", "lease_ms", "250", NULL};
     assert_int_equal(itest_kvctl(&k, out, sizeof out, set), 0);
     const char *get1[] = {"config", "get", "lease_ms", NULL};
