@@ -1807,7 +1807,12 @@ static int kvd_prepare_ipc_dir(const char *path, char *err, size_t errlen)
         return 0;
     *slash = '\0';
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-        snprintf(err, errlen, "mkdir(%s, 0700) failed: %s", dir, strerror(errno));
+        /* the default endpoint's /run/kvd is root's to create: say what to do */
+        snprintf(err, errlen,
+                 "endpoint: mkdir(%s, 0700) failed: %s (kvd creates the socket's directory, "
+                 "not its parents: give an endpoint whose parent directory exists and is "
+                 "writable by uid %u, --endpoint ipc://PATH)",
+                 dir, strerror(errno), (unsigned)getuid());
         return -1;
     }
     struct stat st;

@@ -466,6 +466,11 @@ static void test_second_daemon_refused(void **state)
     if (!strstr(out, "in use by another kvd") || !strstr(out, pid) ||
         !strstr(out, "give this one another endpoint"))
         fail_msg("second kvd on one endpoint: %s", out);
+    /* an endpoint kvd cannot make the directory of says what to give instead */
+    const char *deep[] = {KVD_BIN, "--endpoint", "ipc:///nonexistent/kvd/kvd.sock", NULL};
+    assert_int_equal(itest_run(deep, out, sizeof out), 1);
+    if (!strstr(out, "mkdir(/nonexistent/kvd, 0700) failed") || !strstr(out, "--endpoint ipc://"))
+        fail_msg("kvd on an endpoint in a missing directory: %s", out);
     itest_tmpdir(out2, sizeof out2, "kvd-it-lock2");
     snprintf(ep2, sizeof ep2, "ipc://%s/kvd.sock", out2);
     const char *same_snap[] = {KVD_BIN, "--endpoint", ep2, "--snapshot_dir", snap, NULL};
