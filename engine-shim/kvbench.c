@@ -24,6 +24,7 @@
  * ends (a failure, SIGINT, SIGTERM), and the kvd it started is stopped with SIGTERM first;
  * only a kvd that failed to start or to stop cleanly leaves it, for its log.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -1315,8 +1316,15 @@ static int bench_engine(int argc, char **argv)
               : a[2] == 'r' ? &o.recent_pages
                             : &o.anchor_pages) = (int)x;
             i++;
-        } else if (!strcmp(a, "--seed") && v) {
-            o.seed = strtoull(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--seed") && v && isdigit((unsigned char)v[0])) {
+            char *end; /* digits only: "abc" was seed 0 */
+            errno = 0;
+            o.seed = strtoull(argv[++i], &end, 10);
+            if (*end || errno) {
+                fprintf(stderr, "kvbench engine: --seed needs a non-negative integer, got '%s'\n",
+                        v);
+                return 2;
+            }
         } else {
             fprintf(stderr, "kvbench engine: unknown, incomplete or bad argument '%s'\n", a);
             eng_usage(stderr);

@@ -214,6 +214,8 @@ static void test_bad_arguments(void **state)
     assert_int_equal(
         itest_run((const char *[]){KVBENCH_BIN, "engine", "--suffix", "0", NULL}, out, OUT_CAP), 2);
     assert_int_equal(
+        itest_run((const char *[]){KVBENCH_BIN, "engine", "--seed", "abc", NULL}, out, OUT_CAP), 2);
+    assert_int_equal(
         itest_run((const char *[]){KVBENCH_BIN, "engine", "--backend", "tpu", NULL}, out, OUT_CAP),
         2);
     assert_int_equal(itest_run((const char *[]){KVBENCH_BIN, "engine", "--endpoint",
