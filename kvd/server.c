@@ -1257,6 +1257,13 @@ static kv_err_t kvd_op_config_set(kvd_req_ctx_t *c)
         return KV_ERR_FAILED_PRECONDITION;
     if (e != KVD_CFG_OK)
         return KV_ERR_INVALID_ARGUMENT;
+    /* a periodic snapshot without snapshot_dir would be accepted and never written */
+    if (!s->persist && !strcmp(r->key, "snapshot_ms") && s->cfg->snapshot_ms) {
+        KVD_ASSERT(kvd_config_set(s->cfg, r->key, was, 1, NULL, 0) == KVD_CFG_OK);
+        return kvd_fail(c, KV_ERR_FAILED_PRECONDITION,
+                        "persistence is off: start kvd with snapshot_dir set (docs/snapshot.md); "
+                        "snapshot_ms would do nothing without it");
+    }
     /* A bound that lets requests outgrow the messages the control socket admits (fixed when
      * it was bound; less the slack kept for newer clients' fields when derived) is refused:
      * such a request would drop its client's connection, with no reply to say why. Lowering
@@ -1946,6 +1953,10 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
         memcpy(o.hash_key, s->salt, sizeof o.hash_key);
     } else {
         randombytes_buf(o.hash_key, sizeof o.hash_key);
+        if (cfg->snapshot_ms)
+            KVD_LOGW("snapshot_ms = %" PRIu64 " does nothing: persistence is off (snapshot_dir "
+                     "is empty; docs/snapshot.md)",
+                     (uint64_t)cfg->snapshot_ms);
     }
     o.backend = cfg->backend;
     if (kvd_core_init(&s->core, &o, err, errlen) != KV_ERR_OK)

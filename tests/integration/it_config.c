@@ -113,6 +113,14 @@ static void test_kvctl_config_get_set(void **state)
         if (!strchr(line, '\n'))
             break;
     }
+    /* a periodic snapshot without snapshot_dir is refused (it was accepted and never ran);
+     * 0 stays accepted */
+    const char *snap_on[] = {KVCTL_BIN, "--endpoint",  k.endpoint, "config",
+                             "set",     "snapshot_ms", "1000",     NULL};
+    if (itest_run(snap_on, out, sizeof out) != 1 || !strstr(out, "persistence is off"))
+        fail_msg("config set snapshot_ms 1000 without snapshot_dir: %s", out);
+    const char *snap_off[] = {"config", "set", "snapshot_ms", "0", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, snap_off), 0);
     /* a free page has no physical page: "phys none", not 4294967295 */
     const char *page0[] = {"page", "0", NULL};
     assert_int_equal(itest_kvctl(&k, out, sizeof out, page0), 0);
