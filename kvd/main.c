@@ -1,7 +1,8 @@
 /* main.c — the kvd executable: arguments, config, signals, the loop.
  *
  *   kvd [--config FILE] [--KEY VALUE]...     run (flags override the file)
- *   kvd --check-config FILE                  parse FILE, report every error with its line; 0/1
+ *   kvd --check-config FILE [--KEY VALUE]... parse FILE and the flags, report every error
+ *                                            (the file's with their lines); start nothing; 0/1
  *   kvd --help | --version
  * Every `--NAME VALUE` may also be written `--NAME=VALUE`, --config and --check-config included.
  *
@@ -24,7 +25,7 @@
 static void kvd_usage(FILE *f)
 {
     fprintf(f, "usage: kvd [--config FILE] [--KEY VALUE]...\n"
-               "       kvd --check-config FILE\n"
+               "       kvd --check-config FILE [--KEY VALUE]...\n"
                "       kvd --help | --version\n\n"
                "kvd serves one model namespace's KV-cache pages to the engine processes of this\n"
                "host over ZeroMQ (docs/daemon.md). Directives, as flags (--key value or\n"
@@ -113,6 +114,8 @@ int main(int argc, char **argv)
     if (kvd_config_init(&cfg) != 0)
         return 1;
     int rc = 1;
+    const char *check = NULL; /* --check-config FILE: check it and the flags, start nothing */
+    int check_errors = 0;
     /* pass 1: --help, --check-config and --config (the file goes first, flags override it) */
     for (int i = 1; i < argc; i++) {
         const char *file;
@@ -130,13 +133,11 @@ int main(int argc, char **argv)
         if ((r = kvd_file_opt(argc, argv, &i, "check-config", &file)) != 0) {
             if (r < 0)
                 goto out;
-            int n = kvd_config_load_file(&cfg, file, stderr);
-            if (n == 0)
-                printf("%s: ok (%zu directives known)\n", file, kvd_config_count());
-            else
-                fprintf(stderr, "%s: %d error%s\n", file, n, n == 1 ? "" : "s");
-            rc = n == 0 ? 0 : 1;
-            goto out;
+            /* every error of the file, then pass 2 checks the flags given with it (they were
+             * ignored: `--check-config f.conf --pages_fp8 0` said ok) */
+            check = file;
+            check_errors = kvd_config_load_file(&cfg, file, stderr);
+            continue;
         }
         if ((r = kvd_file_opt(argc, argv, &i, "config", &file)) != 0) {
             if (r < 0 || kvd_config_load_file(&cfg, file, stderr) != 0)
@@ -146,7 +147,8 @@ int main(int argc, char **argv)
     /* pass 2: --key value flags */
     for (int i = 1; i < argc; i++) {
         const char *file;
-        if (kvd_file_opt(argc, argv, &i, "config", &file) != 0)
+        if (kvd_file_opt(argc, argv, &i, "config", &file) != 0 ||
+            kvd_file_opt(argc, argv, &i, "check-config", &file) != 0)
             continue; /* loaded in pass 1 */
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0) {
@@ -173,8 +175,19 @@ int main(int argc, char **argv)
         char err[512];
         if (kvd_config_set(&cfg, key, val, 0, err, sizeof err) != 0) {
             fprintf(stderr, "kvd: --%s: %s\n", key, err);
-            goto out;
+            if (!check)
+                goto out;
+            check_errors++; /* --check-config reports every bad flag too */
         }
+    }
+    if (check) {
+        if (check_errors == 0)
+            printf("%s: ok (%zu directives known)\n", check, kvd_config_count());
+        else
+            fprintf(stderr, "%s: %d error%s\n", check, check_errors,
+                    check_errors == 1 ? "" : "s");
+        rc = check_errors == 0 ? 0 : 1;
+        goto out;
     }
 
     signal(SIGPIPE, SIG_IGN);

@@ -85,6 +85,17 @@ static void test_help_and_check_config(void **state)
     const char *badflag[] = {KVD_BIN, "--layers", "0", NULL};
     assert_int_equal(itest_run(badflag, out, sizeof out), 1);
     assert_non_null(strstr(out, "layers"));
+    /* the flags given with --check-config are checked too (they were ignored: "ok"), each
+     * bad one reported and counted, and good ones pass */
+    const char *chkflags[] = {KVD_BIN, "--check-config", KVD_SOURCE_DIR "/deploy/kvd.conf",
+                              "--pages_fp8", "0", "--lease_ms=abc", NULL};
+    assert_int_equal(itest_run(chkflags, out, sizeof out), 1);
+    if (!strstr(out, "--pages_fp8") || !strstr(out, "--lease_ms") || !strstr(out, "2 errors"))
+        fail_msg("kvd --check-config FILE with two bad flags: %s", out);
+    const char *chkgood[] = {KVD_BIN, "--pages_fp8", "64", "--check-config",
+                             KVD_SOURCE_DIR "/deploy/kvd.conf", NULL};
+    if (itest_run(chkgood, out, sizeof out) != 0 || !strstr(out, ": ok"))
+        fail_msg("kvd --check-config FILE with a good flag: %s", out);
 }
 
 static void test_kvctl_config_get_set(void **state)
