@@ -45,6 +45,19 @@ static int kvd_cfg_dec(const char *s, uint64_t *out)
  * fd-handover socket PATH.fds beside it (PATH.lock, the other companion, is a plain file). */
 #define KVD_CFG_IPC_MAX (KVD_CFG_SUN_PATH - sizeof ".fds")
 
+/* An ipc:// path relative to kvd's working directory is one that clients and kvctl, started
+ * elsewhere, would not find (and its lock file would land in that directory). */
+static int kvd_cfg_chk_abs(const char *key, const char *v, char *err, size_t cap)
+{
+    if (v[6] == '/')
+        return 0;
+    return kvd_cfg_err(err, cap,
+                       "'%s' = '%s': the socket path must be absolute (ipc:///DIR/NAME.sock): "
+                       "clients and kvctl started in another directory would not find a relative "
+                       "one",
+                       key, v);
+}
+
 /* ipc://PATH only: peers are identified by SO_PEERCRED, which only a Unix socket has. */
 static int kvd_cfg_chk_ipc(const char *key, const char *v, char *err, size_t cap)
 {
@@ -55,6 +68,9 @@ static int kvd_cfg_chk_ipc(const char *key, const char *v, char *err, size_t cap
                            key, v);
     if (!v[6])
         return kvd_cfg_err(err, cap, "'%s' = '%s' names no socket path", key, v);
+    int r = kvd_cfg_chk_abs(key, v, err, cap);
+    if (r != 0)
+        return r;
     if (strlen(v + 6) > KVD_CFG_IPC_MAX)
         return kvd_cfg_err(err, cap,
                            "'%s': socket path of %zu bytes is too long (at most %zu: PATH.fds "
@@ -72,6 +88,9 @@ static int kvd_cfg_chk_pub(const char *key, const char *v, char *err, size_t cap
     if (!strncmp(v, "ipc://", 6)) {
         if (!v[6])
             return kvd_cfg_err(err, cap, "'%s' = '%s' names no socket path", key, v);
+        int r = kvd_cfg_chk_abs(key, v, err, cap);
+        if (r != 0)
+            return r;
         if (strlen(v + 6) >= KVD_CFG_SUN_PATH)
             return kvd_cfg_err(err, cap,
                                "'%s': socket path of %zu bytes is too long (at most %zu fit a "

@@ -234,6 +234,8 @@ static void test_check_config_refuses_what_startup_refuses(void **state)
         {"endpoint", "endpoint = tcp://127.0.0.1:5555", "only ipc://"},
         {"endpoint", "endpoint =", "only ipc://"},
         {"endpoint", "endpoint = ipc://", "no socket path"},
+        {"endpoint", "endpoint = ipc://kvd.sock", "must be absolute"},
+        {"events_endpoint", "events_endpoint = ipc://run/events.sock", "must be absolute"},
         {"endpoint", longep, "too long"},
         {"metrics_addr", "metrics_addr = localhost", "not an IP address"},
         {"socket_group", "socket_group = kvd-it-no-such-group", "no such group"},
