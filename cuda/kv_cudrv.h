@@ -21,6 +21,7 @@
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <string.h>
 
 #define KV_CUDRV_VERSION 12000 /* ABI of the entry points we call (CUDA 12.0 semantics) */
 
@@ -47,5 +48,19 @@
         FNS(KV_CUDRV_LOAD_ONE_)                                                                    \
         e_;                                                                                        \
     })
+
+/* The allocation kvd's pools and directory are made of (backend_cuda.c), and that the GPU
+ * tests mirror: pinned memory of device dev, exportable as a POSIX file descriptor (the
+ * handle type of the SCM_RIGHTS handover). */
+static inline CUmemAllocationProp kv_cudrv_fd_prop(int dev)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    return prop;
+}
 
 #endif /* KV_CUDRV_H */

@@ -364,12 +364,7 @@ static const kvd_backend_ops_t cuda_ops = {
 static int cuda_region_vmm(cuda_impl_t *im, cuda_region_t *r, uint64_t bytes, int *fd, char *err,
                            size_t errlen)
 {
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof(prop));
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = (int)im->dev;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    const CUmemAllocationProp prop = kv_cudrv_fd_prop((int)im->dev);
     r->bytes = (size_t)kv_align_up(bytes, im->gran);
     CU_TRY(g_cu.cuMemCreate(&r->mem, r->bytes, &prop, 0), err, errlen);
     r->created = 1;
@@ -482,12 +477,7 @@ static int cuda_open_device(cuda_impl_t *im, char *err, size_t errlen)
         return KV_ERR_DEVICE;
     }
     if (!im->legacy_ipc) {
-        CUmemAllocationProp prop;
-        memset(&prop, 0, sizeof(prop));
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = (int)im->dev;
-        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        const CUmemAllocationProp prop = kv_cudrv_fd_prop((int)im->dev);
         CU_TRY(
             g_cu.cuMemGetAllocationGranularity(&im->gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
             err, errlen);

@@ -64,6 +64,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kv_cudrv.h"
 #include "kvc.h"
 #include "kvc_cuda.h"
 #include "kvkern.h"
@@ -525,12 +526,7 @@ static int child_h(int sock)
     fds[0] = memfd_create("it-cuda-ipc", 0);
     if (fds[0] < 0 || write(fds[0], &ih, sizeof ih) != (ssize_t)sizeof ih)
         _exit(3);
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    const CUmemAllocationProp prop = kv_cudrv_fd_prop(0); /* kvd's allocations' */
     size_t gran = 0;
     CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     const size_t vbytes = (IMPORT_BYTES + gran - 1) / gran * gran;

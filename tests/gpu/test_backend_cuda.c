@@ -38,6 +38,7 @@
 
 #include "backend.h"
 #include "core.h"
+#include "kv_cudrv.h"
 #include "kv_err.h"
 #include "kvkern.h"
 #include "kvkern_cuda.h"
@@ -176,12 +177,7 @@ int main(void)
     const kvd_export_t *ex = kvd_core_export(c);
 
     /* export */
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    const CUmemAllocationProp prop = kv_cudrv_fd_prop(0); /* kvd's allocations' */
     size_t gran = 0;
     CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     int ok = strcmp(ex->backend, "cuda") == 0 && ex->dir_fd >= 0 && gran > 0 &&
