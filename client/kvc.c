@@ -175,6 +175,66 @@ const char *kvc_errmsg(const kvc_t *c)
             return KV_ERR_INVALID_ARGUMENT;                                                        \
     } while (0)
 
+kv_err_t kvc_endpoint_probe(const char *endpoint, char *why, size_t cap)
+{
+    if (!endpoint || strncmp(endpoint, "ipc://", 6) != 0)
+        return KV_ERR_OK;
+    const char *path = endpoint + 6;
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        int e = errno;
+        if (e == ENOENT || e == ENOTDIR) {
+            snprintf(why, cap, "no socket file %s (is kvd running?)", path);
+            return KV_ERR_UNAVAILABLE;
+        }
+        if (e == EACCES) {
+            snprintf(why, cap,
+                     "permission denied: a directory above %s is not accessible to uid %u (kvd "
+                     "makes its socket directory 0700)",
+                     path, (unsigned)getuid());
+            return KV_ERR_PERMISSION_DENIED;
+        }
+        snprintf(why, cap, "stat(%s): %s", path, strerror(e));
+        return KV_ERR_UNAVAILABLE;
+    }
+    if (!S_ISSOCK(sb.st_mode)) {
+        snprintf(why, cap, "%s is not a socket (wrong endpoint?)", path);
+        return KV_ERR_UNAVAILABLE;
+    }
+    /* connect(2) on a Unix socket needs write permission on the file */
+    if (access(path, W_OK) != 0) {
+        int e = errno;
+        if (e == EACCES) {
+            snprintf(why, cap,
+                     "permission denied: the socket %s (owner uid %u, mode %03o) is not "
+                     "writable by uid %u",
+                     path, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
+                     (unsigned)getuid());
+            return KV_ERR_PERMISSION_DENIED;
+        }
+        snprintf(why, cap, "access(%s): %s", path, strerror(e));
+        return KV_ERR_UNAVAILABLE;
+    }
+    /* non-blocking: a listener with a full backlog answers EAGAIN, not a wait; only
+     * ECONNREFUSED (no listener) is a verdict, anything else is left to the call */
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int refused = 0;
+    if (fd >= 0 && strlen(path) < sizeof sa.sun_path) {
+        memcpy(sa.sun_path, path, strlen(path) + 1);
+        refused = connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 && errno == ECONNREFUSED;
+    }
+    if (fd >= 0)
+        close(fd);
+    if (!refused)
+        return KV_ERR_OK;
+    snprintf(why, cap,
+             "nothing listens on %s, a socket file left by a kvd that did not stop cleanly "
+             "(killed or crashed)",
+             path);
+    return KV_ERR_UNAVAILABLE;
+}
+
 kv_err_t kvc_connect(kvc_t **out, const char *endpoint, int timeout_ms)
 {
     if (!out || !endpoint)

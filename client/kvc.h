@@ -56,6 +56,13 @@ typedef struct kvc_s kvc_t;
  * also the fd socket's connect and its message, so a hello may take up to three of them.
  * INVALID_ARGUMENT for a NULL out or endpoint. */
 kv_err_t kvc_connect(kvc_t **out, const char *endpoint, int timeout_ms);
+/* Why no daemon can answer at an ipc:// endpoint right now, for a tool to say at once what
+ * ZeroMQ would only show as a timeout (it connects before anyone binds): UNAVAILABLE (no
+ * socket file, a file that is no socket, or a socket nothing listens on, which a kvd that did
+ * not stop cleanly leaves) or PERMISSION_DENIED (a directory above it or the socket itself out
+ * of this uid's reach), with the reason, naming the path, in why. KV_ERR_OK when somebody may
+ * answer, and for other schemes. A probe, not a session: a daemon may still come or go. */
+kv_err_t kvc_endpoint_probe(const char *endpoint, char *why, size_t cap);
 /* Close the socket, unmap, free; *c = NULL. NULL-safe, so a second close is a no-op. Any other
  * call on the NULL it leaves (or on a NULL from a failed kvc_connect) returns
  * KV_ERR_INVALID_ARGUMENT, and the accessors 0 / NULL / "" ("host" for kvc_backend). */

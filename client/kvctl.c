@@ -35,9 +35,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -162,75 +159,28 @@ static void fail_early(const char *name, const char *fmt, ...)
     fprintf(stderr, "kvctl: %s\n", msg);
 }
 
-/* ZeroMQ lets a client connect before the server binds, so a missing socket, or one this uid
- * may not open, would only show as a timeout (5 s by default) or a hang (events); an operator
- * deserves the plain reason at once. So does a socket file nothing listens on, left by a kvd
- * that did not stop cleanly (kill -9, OOM kill, crash): a connect(2) is refused at once. 0
- * when ep is not ipc:// or its socket is reachable; else -1, said by fail_early. `whose`:
- * "daemon" or "kvd's events publisher". */
+/* ZeroMQ lets a client connect before the server binds, so a missing socket, one this uid may
+ * not open, or one nothing listens on (left by a kvd that did not stop cleanly) would only show
+ * as a timeout (5 s by default) or a hang (events); an operator deserves the plain reason at
+ * once (kvc_endpoint_probe), with what to do. 0 when ep may answer; else -1, said by
+ * fail_early. `whose`: "daemon" or "kvd's events publisher". */
 static int check_socket(const char *ep, const char *whose)
 {
-    if (strncmp(ep, "ipc://", 6) != 0)
+    char why[768];
+    kv_err_t e = kvc_endpoint_probe(ep, why, sizeof why);
+    if (e == KV_ERR_OK)
         return 0;
-    const char *path = ep + 6;
-    const char *fix = "run kvctl as kvd's user (or root), or set socket_group in kvd's config "
-                      "and add this user to that group";
-    const char *una = kv_err_name(KV_ERR_UNAVAILABLE), *den = kv_err_name(KV_ERR_PERMISSION_DENIED);
-    struct stat sb;
-    if (stat(path, &sb) != 0) {
-        int e = errno;
-        if (e == ENOENT || e == ENOTDIR)
-            fail_early(una,
-                       "no %s at %s: no socket file %s (is kvd running? set --endpoint or "
-                       "$KVD_ENDPOINT)",
-                       whose, ep, path);
-        else if (e == EACCES)
-            fail_early(den,
-                       "cannot reach %s at %s: permission denied: a directory above the "
-                       "socket is not accessible to uid %u (kvd makes its socket directory "
-                       "0700); %s",
-                       whose, ep, (unsigned)getuid(), fix);
-        else
-            fail_early(una, "cannot reach %s at %s: stat(%s): %s", whose, ep, path, strerror(e));
-        return -1;
-    }
-    if (!S_ISSOCK(sb.st_mode)) {
-        fail_early(una, "%s is not a socket (wrong --endpoint?)", path);
-        return -1;
-    }
-    /* connect(2) on a Unix socket needs write permission on the file */
-    if (access(path, W_OK) != 0) {
-        int e = errno;
-        if (e == EACCES)
-            fail_early(den,
-                       "cannot reach %s at %s: permission denied: the socket (owner uid %u, "
-                       "mode %03o) is not writable by uid %u; %s",
-                       whose, ep, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
-                       (unsigned)getuid(), fix);
-        else
-            fail_early(una, "cannot reach %s at %s: access(%s): %s", whose, ep, path, strerror(e));
-        return -1;
-    }
-    /* non-blocking: a listener with a full backlog answers EAGAIN, not a wait; only
-     * ECONNREFUSED (no listener) is a verdict, anything else is left to the call */
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && strlen(path) < sizeof sa.sun_path) {
-        memcpy(sa.sun_path, path, strlen(path) + 1);
-        int refused = connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 && errno == ECONNREFUSED;
-        close(fd);
-        if (refused) {
-            fail_early(una,
-                       "no %s at %s: nothing listens on %s, a socket file left by a kvd that "
-                       "did not stop cleanly (killed or crashed); start kvd again (it "
-                       "replaces the file)",
-                       whose, ep, path);
-            return -1;
-        }
-    } else if (fd >= 0) {
-        close(fd);
-    }
-    return 0;
+    if (e == KV_ERR_PERMISSION_DENIED)
+        fail_early(kv_err_name(e),
+                   "cannot reach %s at %s: %s; run kvctl as kvd's user (or root), or set "
+                   "socket_group in kvd's config and add this user to that group",
+                   whose, ep, why);
+    else
+        fail_early(kv_err_name(e),
+                   "no %s at %s: %s; set --endpoint or $KVD_ENDPOINT, or start kvd (it replaces "
+                   "a stale socket file)",
+                   whose, ep, why);
+    return -1;
 }
 
 static int parse_u32(const char *s, uint32_t *out)

@@ -36,9 +36,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -137,47 +135,16 @@ static int stop_own_kvd(void)
     return ds;
 }
 
-/* Why nobody answers at an ipc:// endpoint, or NULL when somebody may: no socket file, one
- * this uid may not reach, or one nothing listens on (what a kvd killed with SIGKILL leaves).
- * ZeroMQ would just wait out the timeout (30 s) in each of these cases; kvctl says the same. */
+/* Why nobody answers at an ipc:// endpoint (kvc_endpoint_probe, as kvctl says it), or NULL
+ * when somebody may: ZeroMQ would just wait out the timeout (30 s) in each of these cases. */
 static const char *ipc_unreachable(const char *ep, char *why, size_t cap)
 {
-    struct stat st;
-    const char *path = ep + 6;
-    if (strncmp(ep, "ipc://", 6) != 0)
+    kv_err_t e = kvc_endpoint_probe(ep, why, cap);
+    if (e == KV_ERR_OK)
         return NULL;
-    if (stat(path, &st) != 0) {
-        if (errno == EACCES)
-            snprintf(why, cap,
-                     "permission denied: a directory above %s is not accessible to "
-                     "uid %u (run as kvd's user, or see socket_group in docs/daemon.md)",
-                     path, (unsigned)getuid());
-        else
-            snprintf(why, cap, "no socket file %s (is kvd running?)", path);
-        return why;
-    }
-    if (access(path, W_OK) != 0) {
-        snprintf(why, cap,
-                 "permission denied: socket %s (uid %u, mode %03o) is not writable by "
-                 "uid %u (run as kvd's user, or see socket_group in docs/daemon.md)",
-                 path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777), (unsigned)getuid());
-        return why;
-    }
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int refused = 0;
-    if (fd >= 0 && strlen(path) < sizeof sa.sun_path) {
-        memcpy(sa.sun_path, path, strlen(path) + 1);
-        refused = connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 && errno == ECONNREFUSED;
-    }
-    if (fd >= 0)
-        close(fd);
-    if (!refused)
-        return NULL;
-    snprintf(why, cap,
-             "nothing listens on %s, a socket file left by a kvd that did not stop "
-             "cleanly (killed or crashed)",
-             path);
+    size_t n = strlen(why);
+    if (e == KV_ERR_PERMISSION_DENIED && n < cap)
+        snprintf(why + n, cap - n, " (run as kvd's user, or see socket_group in docs/daemon.md)");
     return why;
 }
 
