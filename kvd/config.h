@@ -30,7 +30,8 @@
 /*  XX(name, type, min, max, choices, default, runtime-mutable, check, help) */
 #define KVD_CONFIG_MAP(XX)                                                                         \
     XX(endpoint, STR, 0, 0, "", "ipc:///run/kvd/kvd.sock", 0, ipc,                                 \
-       "ZeroMQ endpoint (ipc://PATH; the directory is created 0700; fds go on PATH.fds)")          \
+       "ZeroMQ endpoint (ipc:///ABSOLUTE/PATH; the directory is created 0700; fds go on "          \
+       "PATH.fds)")                                                                                \
     XX(backend, STR, 0, 0, "host|cuda", "host", 0, none, "pool backend: host (memfd) or cuda")     \
     XX(namespace, STR, 0, 0, "", "default", 0, none, "model namespace served by this daemon")      \
     XX(layers, U64, 1, 1024, "", "4", 0, none, "model layers")                                     \
