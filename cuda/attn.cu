@@ -791,10 +791,29 @@ __device__ __forceinline__ void cp16(void *dst, const void *src)
     const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
-/* the same with a shared-window address already in 32 bits */
-__device__ __forceinline__ void cp16s(uint32_t dst, const void *src)
+/* v34: the copies of KV page bytes carry an L2 evict-first policy. A decode call streams
+ * 0.05-2 GB of pages, each read once, through a 60 MB L2; with the default policy that stream
+ * evicted what the next call reads again: page ids, directory entries, queries, the
+ * partitions the merge reads and the kernels' code, all on dependent round trips of the
+ * prologue and the merge. On the H200: B=8 8K 3-5% faster, 32K all-FP8 3%, d = 256 32K 4-5%
+ * (docs/perf.md "Session 14"). The policy comes from createpolicy in a non-volatile asm,
+ * which the compiler hoists: the TQ3 loops keep their instruction counts, the FP8 loop at
+ * d = 128 grew by ~21 (658 → 679 at P16) and still ran 3% faster at 32K. */
+__device__ __forceinline__ uint64_t kv_policy()
 {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+    uint64_t p; /* not volatile: the compiler may compute it once */
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ void cp16s_kv(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "l"(kv_policy())
+                 : "memory");
+}
+__device__ __forceinline__ void cp16_kv(void *dst, const void *src)
+{
+    cp16s_kv((uint32_t)__cvta_generic_to_shared(dst), src);
 }
 /* a bulk prefetch of bytes (a multiple of 16, from a 16-byte aligned p) into L2 */
 __device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes)
@@ -813,7 +832,7 @@ __device__ __forceinline__ void cp_seg(uint8_t *dst, const uint8_t *src, uint32_
                                        uint32_t lane)
 {
     for (uint32_t c = lane * 16u; c < bytes; c += 512u)
-        cp16(dst + c, src + c);
+        cp16_kv(dst + c, src + c);
 }
 
 /* transpose of an 8×8 b16 matrix held in the m8n8 fragment layout (row lane/4, columns
@@ -1112,7 +1131,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
 #pragma unroll
                 for (int j = 0; j < NCH; j++)
                     if (j < NCH - 1 || last16)
-                        cp16s(dst + 256u * j, src + 256u * j);
+                        cp16s_kv(dst + 256u * j, src + 256u * j);
             } else { /* K units of tokens tok0…, V units of pairs tok0/2… (tok0 even) */
                 const uint8_t *kb = pool + (uint64_t)phys * page_bytes + koff;
                 const uint32_t ss = ring_s + stage * STAGE;
@@ -1120,13 +1139,14 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
 #pragma unroll
                     for (int j = 0; j < NCH; j++)
                         if (j < NCH - 1 || last_ok)
-                            cp16s(ss + 512u * j, kb + coff[j]);
+                            cp16s_kv(ss + 512u * j, kb + coff[j]);
                 } else {
 #pragma unroll
                     for (int j = 0; j < NCH; j++)
-                        if (j < NCH - 1 || last_ok)
-                            cp16s(ss + 512u * j,
-                                  kb + coff[j] + tok0 * ((cmeta >> j) & 1u ? 2u : 12u * (D / 32)));
+                        if (j < NCH - 1 || last_ok) {
+                            const uint32_t step = (cmeta >> j) & 1u ? 2u : 12u * (D / 32);
+                            cp16s_kv(ss + 512u * j, kb + coff[j] + tok0 * step);
+                        }
                 }
             }
         }
