@@ -5,6 +5,7 @@
  *                                            (the file's with their lines); start nothing; 0/1
  *   kvd --help | --version
  * Every `--NAME VALUE` may also be written `--NAME=VALUE`, --config and --check-config included.
+ * One config file at most: a second --config or --check-config is a usage error naming both.
  *
  * SIGTERM / SIGINT: stop every handle, let the loop run dry, free everything and exit 0 (the
  * ASan build checks that nothing leaks on this path). SIGHUP is logged and ignored: kvd has no
@@ -50,8 +51,9 @@ static void kvd_usage(FILE *f)
             "\nexit status:\n"
             "  0  clean stop after SIGTERM/SIGINT; --help, --version; --check-config found no\n"
             "     error\n"
-            "  1  a bad flag or config (--check-config: errors found), or a startup failure\n"
-            "     (endpoint or snapshot_dir locked by another kvd, backend, sockets)\n"
+            "  1  a bad flag or config (--check-config: errors found), a second config file,\n"
+            "     or a startup failure (endpoint or snapshot_dir locked by another kvd,\n"
+            "     backend, sockets)\n"
             "  a broken internal invariant aborts (SIGABRT) after printing file:line\n");
 }
 
@@ -116,10 +118,13 @@ int main(int argc, char **argv)
     int rc = 1;
     const char *check = NULL; /* --check-config FILE: check it and the flags, start nothing */
     int check_errors = 0;
+    /* The one config file and the option that gave it. A second is refused before either is
+     * read: both used to be loaded, the later file's directives silently winning (a --config
+     * added to a command line that had one ran on a mix of the two files). */
+    const char *conf = NULL, *conf_opt = NULL;
     /* pass 1: --help, --check-config and --config (the file goes first, flags override it) */
     for (int i = 1; i < argc; i++) {
-        const char *file;
-        int r;
+        const char *file, *opt = "--check-config";
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             kvd_usage(stdout);
             rc = 0;
@@ -130,19 +135,30 @@ int main(int argc, char **argv)
             rc = 0;
             goto out;
         }
-        if ((r = kvd_file_opt(argc, argv, &i, "check-config", &file)) != 0) {
-            if (r < 0)
-                goto out;
-            /* every error of the file, then pass 2 checks the flags given with it (they were
-             * ignored: `--check-config f.conf --pages_fp8 0` said ok) */
-            check = file;
-            check_errors = kvd_config_load_file(&cfg, file, stderr);
+        int r = kvd_file_opt(argc, argv, &i, "check-config", &file);
+        if (r == 0 && (r = kvd_file_opt(argc, argv, &i, "config", &file)) != 0)
+            opt = "--config";
+        if (r < 0)
+            goto out;
+        if (r == 0)
             continue;
+        if (conf) {
+            fprintf(stderr,
+                    "kvd: %s %s: a second config file (%s %s came first); kvd reads one file: "
+                    "give one, and override its directives with --KEY VALUE flags\n",
+                    opt, file, conf_opt, conf);
+            goto out;
         }
-        if ((r = kvd_file_opt(argc, argv, &i, "config", &file)) != 0) {
-            if (r < 0 || kvd_config_load_file(&cfg, file, stderr) != 0)
-                goto out;
-        }
+        conf = file;
+        conf_opt = opt;
+    }
+    if (conf && !strcmp(conf_opt, "--check-config")) {
+        /* every error of the file, then pass 2 checks the flags given with it (they were
+         * ignored: `--check-config f.conf --pages_fp8 0` said ok) */
+        check = conf;
+        check_errors = kvd_config_load_file(&cfg, conf, stderr);
+    } else if (conf && kvd_config_load_file(&cfg, conf, stderr) != 0) {
+        goto out;
     }
     /* pass 2: --key value flags */
     for (int i = 1; i < argc; i++) {

@@ -4,8 +4,8 @@
  * error; runtime-mutable keys change through kvctl, the others are refused. Also: SIGTERM makes
  * the daemon exit 0 while a client session is attached, and lease expiry of a silent client is
  * visible in kvctl sessions without freeing its pages. The operator-surface regressions: values
- * only startup refused, a directory as config, duplicate keys, --config=FILE, SIGHUP, one
- * daemon per endpoint/snapshot_dir, and kvctl's usage and socket errors. */
+ * only startup refused, a directory as config, duplicate keys, --config=FILE, a second config
+ * file, SIGHUP, one daemon per endpoint/snapshot_dir, and kvctl's usage and socket errors. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -298,6 +298,53 @@ static void test_config_file_dir_and_duplicates(void **state)
         fail_msg("a duplicate key: rc %d, wanted '%s':\n%s", rc, want, out);
 }
 
+/* Two config files (`--config A --config B`, or with --check-config) were both loaded, B's
+ * directives silently winning: kvd ran on a mix of the two. It is a usage error now (exit 1),
+ * naming both options and files, before either file is read. B's endpoint cannot be made, so
+ * a kvd that still read both fails fast (and without the message) instead of serving. */
+static void test_second_config_file_refused(void **state)
+{
+    (void)state;
+    static char out[65536];
+    char a[] = "/tmp/kvd-conf-a-XXXXXX", b[] = "/tmp/kvd-conf-b-XXXXXX";
+    const char *ta = "namespace = it-two-a\n",
+               *tb = "namespace = it-two-b\nendpoint = ipc:///nonexistent/kvd-it/kvd.sock\n";
+    int fa = mkstemp(a), fb = mkstemp(b);
+    assert_true(fa >= 0 && fb >= 0);
+    assert_int_equal(write(fa, ta, strlen(ta)), (ssize_t)strlen(ta));
+    assert_int_equal(write(fb, tb, strlen(tb)), (ssize_t)strlen(tb));
+    close(fa);
+    close(fb);
+    char eqa[64], eqb[64];
+    snprintf(eqa, sizeof eqa, "--config=%s", a);
+    snprintf(eqb, sizeof eqb, "--check-config=%s", b);
+    const struct {
+        const char *argv[7];        /* NULL-terminated */
+        const char *first, *second; /* the options as the message names them */
+    } cases[] = {
+        {{KVD_BIN, "--config", a, "--config", b}, "--config", "--config"},
+        {{KVD_BIN, eqa, "--layers", "4", "--config", b}, "--config", "--config"},
+        {{KVD_BIN, "--check-config", a, "--check-config", b}, "--check-config", "--check-config"},
+        {{KVD_BIN, "--check-config", a, "--config", b}, "--check-config", "--config"},
+        {{KVD_BIN, "--config", a, eqb}, "--config", "--check-config"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char want[160];
+        snprintf(want, sizeof want, "kvd: %s %s: a second config file (%s %s came first)",
+                 cases[i].second, b, cases[i].first, a);
+        int rc = itest_run_as(cases[i].argv, -1, 30, out, sizeof out);
+        if (rc != 1 || !strstr(out, want) || strstr(out, ": ok"))
+            fail_msg("two config files, case %zu (%s ... %s): rc %d, wanted 1 and '%s':\n%s", i,
+                     cases[i].first, cases[i].second, rc, want, out);
+    }
+    /* one file, with flags, is still fine */
+    const char *one[] = {KVD_BIN, "--check-config", a, "--namespace", "x", NULL};
+    if (itest_run_as(one, -1, 30, out, sizeof out) != 0 || !strstr(out, ": ok"))
+        fail_msg("kvd --check-config FILE --namespace x: %s", out);
+    unlink(a);
+    unlink(b);
+}
+
 /* `--config=FILE` and `--check-config=FILE` failed ("unknown directive 'config'") though
  * --key=value is the advertised flag form. SIGHUP killed the daemon by its default action:
  * no shutdown snapshot, socket files left behind. It is logged and ignored now. */
@@ -520,6 +567,7 @@ int main(void)
         cmocka_unit_test(test_check_config_refuses_what_startup_refuses),
         cmocka_unit_test(test_config_file_dir_and_duplicates),
         cmocka_unit_test(test_config_eq_form_and_sighup),
+        cmocka_unit_test(test_second_config_file_refused),
         cmocka_unit_test(test_kvctl_usage_errors),
         cmocka_unit_test(test_kvctl_socket_errors),
     };
