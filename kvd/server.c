@@ -124,8 +124,8 @@ struct kvd_server_s {
     /* Memory bounds of the control socket (decision 54): the largest message it admits
      * (ZMQ_MAXMSGSIZE, fixed at bind: 0 = unlimited) and the replies dropped because a client
      * left reply_hwm of them unread (stats.h replies_dropped; the log line is rate-limited). */
-    uint64_t msg_bytes;
-    uint64_t msg_room; /* requests up to this size fit: msg_bytes less the slack when derived */
+    uint64_t msg_bytes; /* the one enforced limit (ZMQ_MAXMSGSIZE, HelloRep.max_msg_bytes) */
+    uint64_t msg_slack; /* of it, kept for newer clients' fields: KVD_MSG_SLACK when derived */
     uint64_t replies_dropped, rdrop_unlogged, rdrop_log_ns;
 };
 _Static_assert(KVP_OP_COUNT <= 64, "nomem_ops has one bit per operation");
@@ -1267,17 +1267,24 @@ static kv_err_t kvd_op_config_set(kvd_req_ctx_t *c)
     /* A bound that lets requests outgrow the messages the control socket admits (fixed when
      * it was bound; less the slack kept for newer clients' fields when derived) is refused:
      * such a request would drop its client's connection, with no reply to say why. Lowering
-     * stays allowed, even while still over an explicit max_msg_bytes. */
+     * stays allowed, even while still over an explicit max_msg_bytes. The message names the
+     * enforced limit, msg_bytes, and the slack apart (it gave msg_bytes less the slack as the
+     * socket's size: a figure 4 KiB below the one --help, the docs and the log line give). */
     kvp_limits_t lim = s->lim;
     lim.max_tokens = (uint32_t)s->cfg->max_tokens;
     const uint64_t need = kvd_request_bytes_max(&lim);
-    if (s->msg_bytes && need > s->msg_room && need > need0) {
+    if (s->msg_bytes && need > s->msg_bytes - s->msg_slack && need > need0) {
         KVD_ASSERT(kvd_config_set(s->cfg, r->key, was, 1, NULL, 0) == KVD_CFG_OK);
+        char slack[96] = "";
+        if (s->msg_slack)
+            snprintf(slack, sizeof slack,
+                     "; %" PRIu64 " of it kept for fields newer clients append", s->msg_slack);
         return kvd_fail(c, KV_ERR_FAILED_PRECONDITION,
-                        "%s = %s allows requests of %" PRIu64 " bytes, over the %" PRIu64
-                        " the control socket was sized for (max_msg_bytes, fixed at startup): set "
-                        "both in the config and restart",
-                        r->key, r->value, need, s->msg_room);
+                        "%s = %s allows requests of %" PRIu64 " bytes, more than fit in the "
+                        "control socket's max_msg_bytes of %" PRIu64 " bytes (%s at startup%s): "
+                        "set both in the config and restart",
+                        r->key, r->value, need, s->msg_bytes,
+                        s->msg_slack ? "derived and fixed" : "fixed", slack);
     }
     kvd_server_apply_config(s);
     KVD_LOGI("config set %s = %s", r->key, r->value);
@@ -1980,10 +1987,10 @@ int kvd_server_init(kvd_server_t **out, uv_loop_t *loop, kvd_config_t *cfg, char
     const uint64_t need = kvd_request_bytes_max(&s->lim);
     if (cfg->max_msg_bytes == 0) {
         s->msg_bytes = need + KVD_MSG_SLACK;
-        s->msg_room = need;
+        s->msg_slack = KVD_MSG_SLACK;
     } else {
         s->msg_bytes = cfg->max_msg_bytes > (uint64_t)INT64_MAX ? 0 : cfg->max_msg_bytes;
-        s->msg_room = s->msg_bytes;
+        s->msg_slack = 0;
     }
     s->lim.max_msg_bytes = (size_t)s->msg_bytes;
     if (s->msg_bytes && s->msg_bytes < need)

@@ -2,7 +2,8 @@
  * serving (issue 3, test 4): random bytes, truncated and oversized frames, wrong version,
  * extra frames, out-of-range ids and counts, calls before hello. After each group the daemon
  * still answers status and kvctl check is clean. And a hostile-but-admitted client's memory
- * bounds (decision 54): replies it never reads, messages over the derived max_msg_bytes. */
+ * bounds (decision 54): replies it never reads, messages over the derived max_msg_bytes, and
+ * that every place giving that bound gives the one the daemon enforces. */
 #include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,6 +35,10 @@ static kv_err_t raw_call(kvc_t *c, const void *buf, size_t n, Kvd__Reply **rep)
     assert_int_equal(kvc_send_raw(c, buf, n), KV_ERR_OK);
     return kvc_recv_any(c, rep);
 }
+
+/* max_msg_bytes 0 with the defaults: the one message-size limit (ZMQ_MAXMSGSIZE) the daemon
+ * enforces, the largest request the bounds allow (4 194 599) plus the 4 KiB slack */
+#define MSG_BYTES_DERIVED 4198695u
 
 static void assert_alive(const itest_kvd_t *k)
 {
@@ -512,7 +517,7 @@ static void test_max_msg_bytes_derived(void **state)
     itest_kvd_start(&k, NULL);
     void *ctx = zmq_ctx_new();
     void *d = raw_dealer(ctx, &k, 0, 30000);
-    const size_t ntok = 1048576, admitted = 4198695;
+    const size_t ntok = 1048576, admitted = MSG_BYTES_DERIVED;
     uint8_t *big = calloc(1, admitted + 1);
     assert_non_null(big);
     uint8_t extra[256] = {0};
@@ -556,6 +561,83 @@ static void test_max_msg_bytes_derived(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* path's first cap - 1 bytes into out, NUL-terminated */
+static void slurp(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        fail_msg("cannot open %s", path);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    fclose(f);
+}
+
+/* Two message-size figures reached users: `kvctl config set max_tokens` over the bound said
+ * "over the 4194599 the control socket was sized for (max_msg_bytes ...)", while --help, the
+ * docs, the startup log line and libkvc said 4198695. The daemon enforces one limit,
+ * msg_bytes (4198695: test_max_msg_bytes_derived reads a message of exactly that size and
+ * drops one a byte longer); 4194599 is the largest request, the limit less the slack kept for
+ * newer clients' fields. Every place that states the limit now states that figure. */
+static void test_max_msg_bytes_one_figure(void **state)
+{
+    (void)state;
+    static char out[1 << 18];
+    char want[160];
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    /* the daemon: its startup log line, and libkvc's refusal (HelloRep.max_msg_bytes) */
+    slurp(k.log, out, sizeof out);
+    snprintf(want, sizeof want, "messages up to %u bytes", MSG_BYTES_DERIVED);
+    if (!strstr(out, want))
+        fail_msg("the startup log does not say '%s':\n%s", want, out);
+    kvc_t *c = itest_connect(&k, "one-figure");
+    const size_t n = MSG_BYTES_DERIVED / 4 + 1; /* its token bytes alone are over the limit */
+    uint32_t *tok = calloc(n, sizeof *tok), got[4], matched = 0;
+    assert_non_null(tok);
+    size_t np = 0;
+    assert_int_equal(kvc_lookup(c, tok, n, NULL, 0, 0, got, 4, &np, &matched),
+                     KV_ERR_INVALID_ARGUMENT);
+    free(tok);
+    snprintf(want, sizeof want, "max_msg_bytes (%u)", MSG_BYTES_DERIVED);
+    if (!strstr(kvc_errmsg(c), want))
+        fail_msg("libkvc's refusal does not say '%s': %s", want, kvc_errmsg(c));
+    kvc_close(&c);
+    /* the refusal of a max_tokens whose lookups would not fit: the limit, and the slack apart */
+    const char *over[] = {KVCTL_BIN, "--endpoint", k.endpoint, "config",
+                          "set",     "max_tokens", "1048577",  NULL};
+    snprintf(want, sizeof want,
+             "max_msg_bytes of %u bytes (derived and fixed at startup; 4096 of it kept for "
+             "fields newer clients append)",
+             MSG_BYTES_DERIVED);
+    int rc = itest_run(over, out, sizeof out);
+    if (rc != 1 || !strstr(out, want) || strstr(out, "4194599"))
+        fail_msg("config set max_tokens 1048577: rc %d, wanted 1 and '%s' (and no 4194599):\n%s",
+                 rc, want, out);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    /* what the operator reads: --help, the example config, docs/daemon.md, docs/protocol.md */
+    const char *help[] = {KVD_BIN, "--help", NULL};
+    assert_int_equal(itest_run(help, out, sizeof out), 0);
+    snprintf(want, sizeof want, "(%u with the defaults)", MSG_BYTES_DERIVED);
+    if (!strstr(out, want))
+        fail_msg("kvd --help does not say '%s'", want);
+    const char *spaced = "4 198 695"; /* the docs' prose groups digits */
+    const struct {
+        const char *path, *says;
+    } docs[] = {
+        {KVD_SOURCE_DIR "/deploy/kvd.conf", "(4198695 with the defaults"},
+        {KVD_SOURCE_DIR "/docs/daemon.md", "(derived: 4198695 with the defaults)"},
+        {KVD_SOURCE_DIR "/docs/daemon.md", spaced},
+        {KVD_SOURCE_DIR "/docs/protocol.md", spaced},
+    };
+    _Static_assert(MSG_BYTES_DERIVED == 4198695u, "the figures below spell it out");
+    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
+        slurp(docs[i].path, out, sizeof out);
+        if (!strstr(out, docs[i].says))
+            fail_msg("%s does not say '%s'", docs[i].path, docs[i].says);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -565,6 +647,7 @@ int main(void)
         cmocka_unit_test(test_reply_nomem_changes_nothing),
         cmocka_unit_test(test_unread_replies_are_bounded),
         cmocka_unit_test(test_max_msg_bytes_derived),
+        cmocka_unit_test(test_max_msg_bytes_one_figure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
