@@ -845,6 +845,30 @@ static double eng_ref_err(kvc_t *ref, kvs_seq_t *q, uint32_t layer, uint32_t qh,
     return den > 0 ? sqrt(num / den) : (num == 0 ? 0 : INFINITY);
 }
 
+/* The error of a worker that did not finish and did not say why (err empty): how it ended,
+ * from its wait status ws, and gone_why when the daemon went away during the run (NULL when it
+ * stayed), after which kvbench kills the workers. A worker that finished keeps "". */
+static void eng_worker_ended(eng_wres_t *r, int ws, const char *gone_why)
+{
+    if ((r->done && !r->failed) || r->err[0])
+        return;
+    if (gone_why && WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL) {
+        snprintf(r->err, sizeof r->err, "killed by kvbench (SIGKILL) before it finished: %.440s",
+                 gone_why);
+        return;
+    }
+    char how[96];
+    if (WIFSIGNALED(ws))
+        snprintf(how, sizeof how, "killed by signal %d (%s)%s before it finished", WTERMSIG(ws),
+                 strsignal(WTERMSIG(ws)), WCOREDUMP(ws) ? ", core dumped," : "");
+    else
+        snprintf(how, sizeof how,
+                 "exited with status %d before it finished, without an error of its own",
+                 WEXITSTATUS(ws));
+    snprintf(r->err, sizeof r->err, "%s%s%.360s", how, gone_why ? "; " : "",
+             gone_why ? gone_why : "");
+}
+
 static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_shared_t *sh,
                       int ready_fd, int go_fd)
 {
@@ -1420,7 +1444,8 @@ static int bench_engine(int argc, char **argv)
     if (pipe(ready) || pipe(go))
         die("pipe", NULL);
     pid_t *pids = calloc(o.workers, sizeof *pids);
-    if (!pids)
+    int *wstat = calloc(o.workers, sizeof *wstat); /* each worker's wait status */
+    if (!pids || !wstat)
         die("calloc", NULL);
     for (uint32_t w = 0; w < o.workers; w++) {
         pids[w] = fork();
@@ -1456,6 +1481,7 @@ static int bench_engine(int argc, char **argv)
      * libkvshim's 60 s timeout, and this loop waited with them (over 2 minutes in all). */
     uint64_t fp8_max = 0, tq3_max = 0, polls = 0;
     int left = (int)o.workers, bad_exit = 0, gone = 0;
+    char gone_why[640] = ""; /* how the daemon went away: the error of each worker killed */
     while (left > 0) {
         char why[512];
         if (!gone && eng_status(c, &st) == 0) {
@@ -1463,8 +1489,9 @@ static int bench_engine(int argc, char **argv)
             fp8_max = st.fp8_used > fp8_max ? st.fp8_used : fp8_max;
             tq3_max = st.tq3_used > tq3_max ? st.tq3_used : tq3_max;
         } else if (!gone && ipc_unreachable(ep, why, sizeof why)) {
-            fprintf(stderr, "kvbench engine: the daemon at %s went away during the run: %s\n", ep,
-                    why);
+            snprintf(gone_why, sizeof gone_why,
+                     "the daemon at %.120s went away during the run: %.400s", ep, why);
+            fprintf(stderr, "kvbench engine: %s\n", gone_why);
             gone = 1;
         }
         if (gone == 1) {
@@ -1481,13 +1508,16 @@ static int bench_engine(int argc, char **argv)
                 left--;
                 bad_exit += !WIFEXITED(ws) || WEXITSTATUS(ws) != 0;
                 for (uint32_t w = 0; w < o.workers; w++)
-                    pids[w] = pids[w] == d ? 0 : pids[w];
+                    if (pids[w] == d) {
+                        pids[w] = 0;
+                        wstat[w] = ws;
+                    }
             } else if (d > 0 && d == dpid) {
-                fprintf(stderr,
-                        "kvbench engine: the daemon exited during the run (%s %d; log "
-                        "%s/kvd.log)\n",
-                        WIFSIGNALED(ws) ? "signal" : "status",
-                        WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws), tmpdir);
+                snprintf(gone_why, sizeof gone_why,
+                         "the daemon exited during the run (%s %d; log %.300s/kvd.log)",
+                         WIFSIGNALED(ws) ? "signal" : "status",
+                         WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws), tmpdir);
+                fprintf(stderr, "kvbench engine: %s\n", gone_why);
                 dpid = own_kvd = 0;
                 tmpdir_keep = 1; /* its log says why */
                 gone = gone ? gone : 1;
@@ -1504,6 +1534,11 @@ static int bench_engine(int argc, char **argv)
     if (!st.ok)
         memset(&st, 0, sizeof st);
     kvc_close(&c);
+    /* A worker that did not finish says why: its own error, or else how it ended. One killed
+     * here (the daemon went away), or by a signal of its own (a crash), or that exited without
+     * writing one, showed "error": "" in the JSON. */
+    for (uint32_t w = 0; w < o.workers; w++)
+        eng_worker_ended(&sh.w[w], wstat[w], gone ? gone_why : NULL);
 
     /* ---- aggregate ---- */
     uint64_t reqs = 0, prompt = 0, cachedt = 0, prefill = 0, steps = 0, attn_calls = 0;
@@ -1658,6 +1693,7 @@ static int bench_engine(int argc, char **argv)
 
     munmap(mem, bytes);
     free(pids);
+    free(wstat);
     if (dpid > 0) {
         int ds = stop_own_kvd();
         if (!WIFEXITED(ds) || WEXITSTATUS(ds) != 0) {

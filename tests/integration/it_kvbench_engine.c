@@ -23,7 +23,9 @@
  *    over the pool or under a page, and --iters abc, are refused before any figure; a socket
  *    file nothing listens on is said at once; none of these leaves a kvbench-* directory.
  * 5. The daemon killed under `kvbench engine --endpoint`: the run fails within seconds (the
- *    workers' calls waited out 60 s timeouts and the status polls 30 s ones: over 2 minutes).
+ *    workers' calls waited out 60 s timeouts and the status polls 30 s ones: over 2 minutes),
+ *    and each worker's "error" says why it stopped (it was "": kvbench had killed it). Workers
+ *    killed from outside while the daemon stays: each "error" names the signal.
  * 6. SIGTERM to `kvbench rpc` mid-run: its own kvd is stopped and its directory removed.
  */
 #include <dirent.h>
@@ -363,6 +365,51 @@ static void read_file(const char *path, char *out, size_t cap)
     fclose(f);
 }
 
+/* Worker w's "error" string (its JSON entry in j) into err[cap]; its "ok" into *ok. */
+static void jworker_error(const char *j, unsigned w, int *ok, char *err, size_t cap)
+{
+    const char *o = jworker(j, w), *end = strchr(o, '}');
+    const char *e = strstr(o, "\"error\": \"");
+    if (!e)
+        fail_msg("no \"error\" in the entry of worker %u", w);
+    e += strlen("\"error\": \"");
+    const char *q = strchr(e, '"');
+    while (q && q[-1] == '\\')
+        q = strchr(q + 1, '"');
+    assert_non_null(q);
+    snprintf(err, cap, "%.*s", (int)(q - e), e);
+    const char *okp = strstr(o, "\"ok\": ");
+    assert_true(okp && (!end || okp < end));
+    *ok = !strncmp(okp + strlen("\"ok\": "), "true", 4);
+}
+
+/* Direct children of pid (from /proc/PID/stat's ppid) into kids[cap]; their count. */
+static int children_of(pid_t pid, pid_t *kids, int cap)
+{
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) && n < cap;) {
+        char p[300], buf[512];
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        snprintf(p, sizeof p, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(p, "r");
+        if (!f)
+            continue; /* gone meanwhile */
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        const char *rp = strrchr(buf, ')'); /* after "pid (comm)": " state ppid" */
+        int ppid = 0;
+        char st;
+        if (rp && sscanf(rp + 1, " %c %d", &st, &ppid) == 2 && ppid == pid)
+            kids[n++] = (pid_t)atoi(e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
 static void test_engine_daemon_killed_fails_fast(void **state)
 {
     (void)state;
@@ -388,11 +435,80 @@ static void test_engine_daemon_killed_fails_fast(void **state)
                  (double)(itest_now_us() - t0) / 1e6, out);
     fprintf(stderr, "[ kvbench ] the daemon's death ended the run in %.1f s\n",
             (double)(itest_now_us() - t0) / 1e6);
+    /* every worker stopped, and says why: killed by kvbench naming the daemon's going away,
+     * or its own error when a call failed first */
+    const char *j = strchr(out, '{');
+    assert_non_null(j);
+    for (unsigned w = 0; w < 2; w++) {
+        char err[600];
+        int ok;
+        jworker_error(j, w, &ok, err, sizeof err);
+        if (ok || !err[0] ||
+            (!strncmp(err, "killed by kvbench", 17) && !strstr(err, "went away during the run")))
+            fail_msg("worker %u after the daemon was killed: ok %d, error '%s':\n%s", w, ok, err,
+                     out);
+        fprintf(stderr, "[ kvbench ] worker %u: %s\n", w, err);
+    }
     assert_int_equal(dir_entries(tmp), 0);
     assert_int_equal(unlink(log), 0);
     itest_rmtree(tmp);
     k.pid = 0; /* reaped above */
     itest_rmtree(k.dir);
+}
+
+/* Workers killed from outside (an operator, the OOM killer) while the daemon stays: the run
+ * fails and each worker's "error" names the signal (it was ""). */
+static void test_engine_workers_killed_say_how(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    char tmp[256], log[300];
+    itest_tmpdir(tmp, sizeof tmp, "kvbench-it-tmp");
+    snprintf(log, sizeof log, "%s.log", tmp);
+    const char *argv[] = {KVBENCH_BIN,  "engine", "--endpoint", k.endpoint,
+                          "--requests", "100000", NULL};
+    pid_t pid = spawn_logged(argv, log, tmp);
+    /* a lookup means a worker is past the start barrier: every worker has checked in */
+    for (int64_t t0 = itest_now_us(); itest_stat(&k, "lookups") == 0;) {
+        if (itest_now_us() - t0 > 30000000) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            fail_msg("kvbench engine's workers never looked anything up");
+        }
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    pid_t kids[8];
+    int n = children_of(pid, kids, 8);
+    if (n != 2) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        fail_msg("kvbench engine has %d children, want its 2 workers", n);
+    }
+    for (int i = 0; i < n; i++)
+        assert_int_equal(kill(kids[i], SIGKILL), 0);
+    int st = wait_within(pid, 30000000, "kvbench engine after its workers were killed");
+    static char out[OUT_CAP];
+    read_file(log, out, sizeof out);
+    const char *j = strchr(out, '{');
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !j || !strstr(j, "\"ok\": false"))
+        fail_msg("kvbench engine, workers killed: status %d:\n%s", st, out);
+    for (unsigned w = 0; w < 2; w++) {
+        char err[600];
+        int ok;
+        jworker_error(j, w, &ok, err, sizeof err);
+        if (ok || strcmp(err, "killed by signal 9 (Killed) before it finished"))
+            fail_msg("worker %u killed by SIGKILL: ok %d, error '%s':\n%s", w, ok, err, out);
+    }
+    /* the daemon reclaims what the workers held */
+    if (itest_wait_stat(&k, "request_refs", 0, 20000) < 0)
+        fail_msg("the killed workers' references were not reclaimed");
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    assert_int_equal(dir_entries(tmp), 0);
+    assert_int_equal(unlink(log), 0);
+    itest_rmtree(tmp);
 }
 
 static void test_rpc_sigterm_cleans_up(void **state)
@@ -445,6 +561,7 @@ int main(void)
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_rpc_checks_on_a_running_daemon),
         cmocka_unit_test(test_engine_daemon_killed_fails_fast),
+        cmocka_unit_test(test_engine_workers_killed_say_how),
         cmocka_unit_test(test_rpc_sigterm_cleans_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
