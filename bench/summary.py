@@ -5,8 +5,10 @@ Columns: ms / GB/s / %copy of kvk_cuda_attn_decode (partial + merge); "2pass ms"
 kernels launched through kvk_cuda_attn_partial + kvk_cuda_attn_merge (a repeat measurement of
 the same work), "part ms" = the partial kernel alone (so ms − part ≈ the merge and its launch);
 x dense = dense ms / ms; "read ms" = a plain read of the same byte count timed the same way,
-"%read" = read ms / ms (how close the call comes to reading its bytes and nothing else). JSON of
-older versions without those fields prints "-". Rows with
+"%read" = read ms / ms (how close the call comes to reading its bytes and nothing else);
+"cold ms" = the call after a 256 MB read has filled L2 with other data, as between two layers
+of an engine (kvbench_attn KVBENCH_COLD_MB; "ms" is back to back). JSON of older versions
+without those fields prints "-". Rows with
 "sweep" (decode at other split counts, 32K) and "trace" (timeline probe) follow.
 """
 import json
@@ -28,7 +30,7 @@ def main(bench_path, sdpa_path):
     print(f"copy ceiling {copy:.0f} GB/s (read+write)")
     print(f"{'B':>2} {'d':>4} {'tokens':>7} {'mode':>4} {'sp':>3} {'ms':>8} {'GB/s':>7} "
           f"{'%copy':>6} {'2pass ms':>8} {'part ms':>8} {'read ms':>8} {'%read':>5} "
-          f"{'dense ms':>8} {'x dense':>7}")
+          f"{'dense ms':>8} {'x dense':>7} {'cold ms':>8} {'x dense':>7}")
     extra = []
     for r in b["attention"]:
         if "mode" not in r or r.get("sweep"):
@@ -38,10 +40,12 @@ def main(bench_path, sdpa_path):
         sp = f"{dm / r['ms']:7.2f}" if dm else "      -"
         rd = r.get("read_ms")
         pr = f"{100 * rd / r['ms']:4.0f}%" if rd else "    -"
+        cold = r.get("ms_cold")
+        cp = f"{dm / cold:7.2f}" if dm and cold else "      -"
         print(f"{r['B']:>2} {r['d']:>4} {r['tokens']:>7} {r['mode']:>4} {r['splits']:>3} "
               f"{r['ms']:8.4f} {r['gbps']:7.0f} {100 * r['gbps'] / copy:5.0f}% "
               f"{fmt(r.get('ms_two_pass'))} {fmt(r.get('ms_partial'))} {fmt(rd)} {pr} "
-              f"{fmt(dm)} {sp}")
+              f"{fmt(dm)} {sp} {fmt(cold)} {cp}")
     for r in extra:
         if r.get("sweep") and "ms" in r:
             dm = dense.get((r["B"], r["d"], r["tokens"]))

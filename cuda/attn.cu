@@ -791,29 +791,33 @@ __device__ __forceinline__ void cp16(void *dst, const void *src)
     const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
-/* v34: the copies of KV page bytes carry an L2 evict-first policy. A decode call streams
- * 0.05-2 GB of pages, each read once, through a 60 MB L2; with the default policy that stream
- * evicted what the next call reads again: page ids, directory entries, queries, the
- * partitions the merge reads and the kernels' code, all on dependent round trips of the
- * prologue and the merge. On the H200: B=8 8K 3-5% faster, 32K all-FP8 3%, d = 256 32K 4-5%
- * (docs/perf.md "Session 14"). The policy comes from createpolicy in a non-volatile asm,
- * which the compiler hoists: the TQ3 loops keep their instruction counts, the FP8 loop at
- * d = 128 grew by ~21 (658 → 679 at P16) and still ran 3% faster at 32K. */
+/* the same with a shared-window address already in 32 bits */
+__device__ __forceinline__ void cp16s(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+/* v34: the FP8 phase's copies of page bytes (cp_seg) carry an L2 evict-first policy. A decode
+ * call streams 0.05-2 GB of pages, each byte read once, through a 60 MB L2, and with the default
+ * policy that stream evicts what the call and the next one read again (page ids, directory
+ * entries, queries, partitions, the kernels' code). On the H200 all-FP8 at B=8 ran 2-5%
+ * faster with the hint, both back to back and after a 256 MB read had filled L2 (as between
+ * two layers of an engine). The same hint on the TQ3 copies made TQ3 and the mix 1-5% faster
+ * back to back but 2-4% slower at B=8 after the L2-filling read, so those copies keep the
+ * default policy (docs/perf.md "Session 14"). The policy comes from createpolicy in a non-volatile asm, which
+ * the compiler hoists: the FP8 loop at d = 128 grew 658 → 679 instructions (P16) and ran
+ * faster all the same. */
 __device__ __forceinline__ uint64_t kv_policy()
 {
     uint64_t p; /* not volatile: the compiler may compute it once */
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
     return p;
 }
-__device__ __forceinline__ void cp16s_kv(uint32_t dst, const void *src)
-{
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst),
-                 "l"(src), "l"(kv_policy())
-                 : "memory");
-}
 __device__ __forceinline__ void cp16_kv(void *dst, const void *src)
 {
-    cp16s_kv((uint32_t)__cvta_generic_to_shared(dst), src);
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(d),
+                 "l"(src), "l"(kv_policy())
+                 : "memory");
 }
 /* a bulk prefetch of bytes (a multiple of 16, from a 16-byte aligned p) into L2 */
 __device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes)
@@ -1131,7 +1135,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
 #pragma unroll
                 for (int j = 0; j < NCH; j++)
                     if (j < NCH - 1 || last16)
-                        cp16s_kv(dst + 256u * j, src + 256u * j);
+                        cp16s(dst + 256u * j, src + 256u * j);
             } else { /* K units of tokens tok0…, V units of pairs tok0/2… (tok0 even) */
                 const uint8_t *kb = pool + (uint64_t)phys * page_bytes + koff;
                 const uint32_t ss = ring_s + stage * STAGE;
@@ -1139,14 +1143,13 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
 #pragma unroll
                     for (int j = 0; j < NCH; j++)
                         if (j < NCH - 1 || last_ok)
-                            cp16s_kv(ss + 512u * j, kb + coff[j]);
+                            cp16s(ss + 512u * j, kb + coff[j]);
                 } else {
 #pragma unroll
                     for (int j = 0; j < NCH; j++)
-                        if (j < NCH - 1 || last_ok) {
-                            const uint32_t step = (cmeta >> j) & 1u ? 2u : 12u * (D / 32);
-                            cp16s_kv(ss + 512u * j, kb + coff[j] + tok0 * step);
-                        }
+                        if (j < NCH - 1 || last_ok)
+                            cp16s(ss + 512u * j,
+                                  kb + coff[j] + tok0 * ((cmeta >> j) & 1u ? 2u : 12u * (D / 32)));
                 }
             }
         }

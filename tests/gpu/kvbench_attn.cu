@@ -23,6 +23,11 @@
  * KVBENCH_TRACE_DUMP=dir writes every block's raw records (start/end ns, SM id) to
  * dir/<case>.bin for offline analysis (docs/perf.md, "Where the ragged end comes from").
  * Pages hold valid random codes (no NaN codes): timings on zeros would flatter.
+ * KVBENCH_COLD_MB=N adds "ms_cold" to each row: decode after a plain read of N MB before
+ * every call (graph of reps × (read, decode) minus a graph of reps × read, per call), so that
+ * nothing of the previous call is left in L2 — as in an engine, where each layer's GEMMs
+ * stream their weights between two attention calls. Back-to-back calls (the "ms" figure) find
+ * the page ids, directory entries and code the last call left (docs/perf.md, session 14).
  */
 #include "kvkern.h"
 #include "kvkern_cuda.h"
@@ -87,6 +92,9 @@ __global__ void fill_pool(uint8_t *base, uint64_t bytes, kv_geom_t g, int fmt, u
 /* A plain read of n 16-byte words (XOR-folded; the store never happens for these inputs but
  * keeps the loads): the size-matched ceiling of a decode call ("read_ms" of each case). Four
  * independent loads per thread per step, a grid of 8 blocks of 256 per SM: every SM full. */
+/* LDCS: streaming loads (read_ms); else plain L2-allocating loads that leave L2 holding p's
+ * bytes, as an engine's weight-streaming GEMM would (KVBENCH_COLD_MB) */
+template <bool LDCS = true>
 __global__ void read_stream(const uint4 *__restrict__ p, uint64_t n, uint32_t *sink)
 {
     const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
@@ -96,13 +104,13 @@ __global__ void read_stream(const uint4 *__restrict__ p, uint64_t n, uint32_t *s
         uint4 v[4];
 #pragma unroll
         for (int k = 0; k < 4; k++)
-            v[k] = __ldcs(p + i + k * stride);
+            v[k] = LDCS ? __ldcs(p + i + k * stride) : __ldcg(p + i + k * stride);
 #pragma unroll
         for (int k = 0; k < 4; k++)
             acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
     }
     for (; i < n; i += stride) {
-        const uint4 v = __ldcs(p + i);
+        const uint4 v = LDCS ? __ldcs(p + i) : __ldcg(p + i);
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
     if (acc == 0x9e3779b9u && n == 1)
@@ -218,6 +226,13 @@ int main(void)
             ts.push_back(replay_ms());
         return median(ts);
     };
+    const char *cold_env = getenv("KVBENCH_COLD_MB");
+    const size_t cold_bytes = cold_env ? (size_t)atoi(cold_env) << 20 : 0;
+    void *cold_buf = nullptr; /* read to empty L2 between calls (KVBENCH_COLD_MB) */
+    if (cold_bytes) {
+        CK(cudaMalloc(&cold_buf, cold_bytes));
+        CK(cudaMemset(cold_buf, 1, cold_bytes));
+    }
     printf("{\n  \"device\": \"%s\", \"sms\": %d, \"l2_bytes\": %d,\n", prop.name,
            prop.multiProcessorCount, prop.l2CacheSize);
 
@@ -368,6 +383,30 @@ int main(void)
                 for (int v = 0; v < 4; v++)
                     tv[v] = timed(v, splits, ws, wsb);
                 const float ms = tv[0];
+                /* decode after an L2-filling read (KVBENCH_COLD_MB), the reads' own time
+                 * subtracted: a graph of each, timed as above */
+                float ms_cold = 0.0f;
+                for (int with = 1; cold_bytes && with >= 0; with--) {
+                    cudaGraph_t graph;
+                    cudaGraphExec_t exec;
+                    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                    for (int r = 0; r < reps; r++) {
+                        read_stream<false><<<8 * prop.multiProcessorCount, 256, 0, st>>>(
+                            static_cast<const uint4 *>(cold_buf), cold_bytes / 16,
+                            reinterpret_cast<uint32_t *>(ws));
+                        CK(cudaGetLastError());
+                        kv_attn_batch_t br = b;
+                        br.page_ids = dids + (size_t)(r % sets) * need;
+                        if (with)
+                            KCK(kvk_cuda_attn_decode(&g, &pools, ddir, (uint32_t)dir.size(),
+                                                     &br, q, splits, ws, wsb, out, st));
+                    }
+                    CK(cudaStreamEndCapture(st, &graph));
+                    CK(cudaGraphInstantiate(&exec, graph, 0));
+                    ms_cold += (with ? 1.0f : -1.0f) * graph_ms(exec) / reps;
+                    CK(cudaGraphExecDestroy(exec));
+                    CK(cudaGraphDestroy(graph));
+                }
                 /* the same bytes read by read_stream, timed the same way (graph of `reps`
                  * reads, each of another region of the pool where it has room) */
                 float read_ms;
@@ -390,11 +429,11 @@ int main(void)
                     cudaGraphExec_t exec;
                     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
                     for (int r = 0; r < reps; r++) {
-                        read_stream<<<8 * prop.multiProcessorCount, 256, 0, st>>>(
+                        read_stream<true><<<8 * prop.multiProcessorCount, 256, 0, st>>>(
                             reinterpret_cast<const uint4 *>(pool + (r % regions) * span), n16a,
                             reinterpret_cast<uint32_t *>(out));
                         if (n16b)
-                            read_stream<<<8 * prop.multiProcessorCount, 256, 0, st>>>(
+                            read_stream<true><<<8 * prop.multiProcessorCount, 256, 0, st>>>(
                                 reinterpret_cast<const uint4 *>(p8), n16b,
                                 reinterpret_cast<uint32_t *>(out));
                     }
@@ -409,10 +448,13 @@ int main(void)
                        "\"tokens\": %u, \"mode\": \"%s\", \"splits\": %u, \"page_sets\": %u, "
                        "\"bytes\": %llu, \"ms\": %.5f, \"gbps\": %.1f, \"ms_two_pass\": %.5f, "
                        "\"ms_partial\": %.5f, \"ms_merge\": %.5f, \"read_ms\": %.5f, "
-                       "\"out_finite\": %d}",
+                       "\"out_finite\": %d",
                        sep(), S.B, S.H, S.KVH, S.D, L, modes[mode], splits, sets,
                        (unsigned long long)bytes, ms, bytes / (ms * 1e6), tv[1], tv[2], tv[3],
                        read_ms, finite);
+                if (cold_bytes)
+                    printf(", \"cold_mb\": %zu, \"ms_cold\": %.5f", cold_bytes >> 20, ms_cold);
+                printf("}");
 #ifdef KVK_ATTN_TRACE
                 {
                     CK(cudaStreamSynchronize(st));
@@ -531,5 +573,6 @@ int main(void)
         CK(cudaFree(ddir));
     }
     printf("\n  ]\n}\n");
+    CK(cudaFree(cold_buf));
     return 0;
 }
