@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -695,6 +696,16 @@ static int bench_rpc(int argc, char **argv)
  * the FP8 / TQ3 pages in use (the lifecycle controller retiers Stale pages of live sequences to
  * TQ3, so long sequences become mixed-format) and reads the counters at the end.
  *
+ * Start barrier: each worker writes one byte to the ready pipe ('r' shim open, 'x' failed with
+ * its own error) and waits for one on the go pipe. A worker that died first (OOM killer, a
+ * crash) wrote nothing while the others, waiting for go, held the pipe's write end open: the
+ * parent's blocking read waited forever. The parent polls the pipe and reaps the workers
+ * between polls instead. A worker that failed or ended before the start calls the run off,
+ * since it cannot be ok: the go pipe is closed without a byte, and each other worker fails at
+ * its barrier with the reason (shared memory, stop_why) and closes its shim, so its daemon
+ * session ends with goodbye. The test hook KVBENCH_TEST_DIE_BEFORE_READY=W makes worker W kill
+ * itself (SIGKILL, shim open) just before its ready byte (it_kvbench_engine).
+ *
  * Self-check: every attention output must be finite; on host pools, every decode attention of
  * worker 0's first request is compared with the float64 reference kv_attn_reference over the same
  * pages (read through a second libkvc mapping) — relative L2 ≤ 1e-4, since both read the same
@@ -705,6 +716,7 @@ static int bench_rpc(int argc, char **argv)
  */
 #define ENG_REF_TOL      1e-4
 #define ENG_MAX_KVD_OPTS 16
+#define ENG_WHY_CAP      512 /* why the run was called off at the start barrier */
 
 typedef struct eng_opts_s {
     const char *ep_arg, *kvd, *backend;
@@ -741,6 +753,7 @@ typedef struct eng_shared_s {
     eng_wres_t *w;
     int64_t *begin, *app, *attn, *commit, *step; /* [W][cap_*] */
     uint64_t cap_begin, cap_app, cap_attn, cap_commit, cap_step;
+    char *stop_why; /* [ENG_WHY_CAP]: written by the parent before it closes go without a byte */
 } eng_shared_t;
 
 static uint64_t eng_mix(uint64_t x)
@@ -845,26 +858,32 @@ static double eng_ref_err(kvc_t *ref, kvs_seq_t *q, uint32_t layer, uint32_t qh,
     return den > 0 ? sqrt(num / den) : (num == 0 ? 0 : INFINITY);
 }
 
+/* How a worker that did not say why ended, from its wait status ws; `when` is "before it
+ * finished" or "before it was ready" (the start barrier). */
+static void eng_ended_how(int ws, const char *when, char *how, size_t cap)
+{
+    if (WIFSIGNALED(ws))
+        snprintf(how, cap, "killed by signal %d (%s)%s %s", WTERMSIG(ws), strsignal(WTERMSIG(ws)),
+                 WCOREDUMP(ws) ? ", core dumped," : "", when);
+    else
+        snprintf(how, cap, "exited with status %d %s, without an error of its own", WEXITSTATUS(ws),
+                 when);
+}
+
 /* The error of a worker that did not finish and did not say why (err empty): how it ended,
- * from its wait status ws, and gone_why when the daemon went away during the run (NULL when it
- * stayed), after which kvbench kills the workers. A worker that finished keeps "". */
-static void eng_worker_ended(eng_wres_t *r, int ws, const char *gone_why)
+ * from its wait status ws (`when` as eng_ended_how), and gone_why when the daemon went away
+ * during the run (NULL when it stayed), after which kvbench kills the workers. A worker that
+ * finished keeps "". */
+static void eng_worker_ended(eng_wres_t *r, int ws, const char *when, const char *gone_why)
 {
     if ((r->done && !r->failed) || r->err[0])
         return;
     if (gone_why && WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL) {
-        snprintf(r->err, sizeof r->err, "killed by kvbench (SIGKILL) before it finished: %.440s",
-                 gone_why);
+        snprintf(r->err, sizeof r->err, "killed by kvbench (SIGKILL) %s: %.440s", when, gone_why);
         return;
     }
-    char how[96];
-    if (WIFSIGNALED(ws))
-        snprintf(how, sizeof how, "killed by signal %d (%s)%s before it finished", WTERMSIG(ws),
-                 strsignal(WTERMSIG(ws)), WCOREDUMP(ws) ? ", core dumped," : "");
-    else
-        snprintf(how, sizeof how,
-                 "exited with status %d before it finished, without an error of its own",
-                 WEXITSTATUS(ws));
+    char how[128];
+    eng_ended_how(ws, when, how, sizeof how);
     snprintf(r->err, sizeof r->err, "%s%s%.360s", how, gone_why ? "; " : "",
              gone_why ? gone_why : "");
 }
@@ -924,12 +943,23 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
     for (int j = 0; j < 64; j++)
         halves[j] = kv_half_from_float((float)(j - 32) / 16.0f);
 
+    /* Test hook (it_kvbench_engine): this worker dies here as the OOM killer would end it, its
+     * shim open and its ready byte not written. An environment variable: no operator option. */
+    const char *die = getenv("KVBENCH_TEST_DIE_BEFORE_READY");
+    if (die && die[0] && strtoul(die, NULL, 10) == w)
+        raise(SIGKILL);
     char c = 'r';
-    if (write(ready_fd, &c, 1) != 1 || read(go_fd, &c, 1) != 1)
-        EW_FAIL("start barrier: %s", strerror(errno));
+    if (write(ready_fd, &c, 1) != 1)
+        EW_FAIL("start barrier: writing the ready byte: %s", strerror(errno));
+    /* the byte is written: our write end need not stay open while we wait for go */
     close(ready_fd);
+    ready_fd = -1;
+    ssize_t gn = read(go_fd, &c, 1);
+    if (gn == 0) /* the parent closed go without a byte: the run was called off */
+        EW_FAIL("stopped by kvbench before the start: %.440s", sh->stop_why);
+    if (gn != 1)
+        EW_FAIL("start barrier: reading the go byte: %s", strerror(errno));
     close(go_fd);
-    ready_fd = go_fd = -1;
 
     res->cached_min = UINT64_MAX;
     int64_t t_go = now_ns();
@@ -1216,6 +1246,27 @@ static int eng_u32(const char *a, uint32_t *v)
     return 0;
 }
 
+/* The characters of s (at most cap bytes) inside a JSON string: quote and backslash escaped,
+ * control characters dropped. */
+static void eng_json_chars(const char *s, size_t cap)
+{
+    for (const char *e = s; e < s + cap && *e; e++)
+        if (*e == '"' || *e == '\\')
+            printf("\\%c", *e);
+        else if ((unsigned char)*e >= 0x20)
+            putchar(*e);
+}
+
+/* v printed with fmt into buf, or null when it was not measured (valid 0). */
+static const char *eng_json_num(char *buf, size_t cap, const char *fmt, double v, int valid)
+{
+    if (valid)
+        snprintf(buf, cap, fmt, v);
+    else
+        snprintf(buf, cap, "null");
+    return buf;
+}
+
 /* Percentiles of the n samples at v (sorted in place); zeros when there are none. */
 static void eng_pct(int64_t *v, uint64_t n, double *p50, double *p99)
 {
@@ -1424,7 +1475,7 @@ static int bench_engine(int argc, char **argv)
     sh.cap_attn = (uint64_t)o.requests * o.decode * attn_layers;
     sh.cap_step = (uint64_t)o.requests * o.decode;
     uint64_t per = sh.cap_begin + sh.cap_commit + sh.cap_app + sh.cap_attn + sh.cap_step;
-    size_t bytes = sizeof(eng_wres_t) * o.workers + sizeof(int64_t) * per * o.workers;
+    size_t bytes = sizeof(eng_wres_t) * o.workers + sizeof(int64_t) * per * o.workers + ENG_WHY_CAP;
     void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED)
         die("mmap (shared results)", NULL);
@@ -1439,14 +1490,23 @@ static int bench_engine(int argc, char **argv)
     sh.attn = p;
     p += sh.cap_attn * o.workers;
     sh.step = p;
+    p += sh.cap_step * o.workers;
+    sh.stop_why = (char *)p; /* "" (MAP_ANONYMOUS is zeroed) */
 
     int ready[2], go[2];
     if (pipe(ready) || pipe(go))
         die("pipe", NULL);
     pid_t *pids = calloc(o.workers, sizeof *pids);
-    int *wstat = calloc(o.workers, sizeof *wstat); /* each worker's wait status */
-    if (!pids || !wstat)
+    int *wstat = calloc(o.workers, sizeof *wstat);     /* each worker's wait status */
+    int64_t *ended = calloc(o.workers, sizeof *ended); /* when it was reaped (now_ns) */
+    if (!pids || !wstat || !ended)
         die("calloc", NULL);
+    const char *die_w = getenv("KVBENCH_TEST_DIE_BEFORE_READY");
+    if (die_w && die_w[0])
+        fprintf(stderr,
+                "kvbench engine: KVBENCH_TEST_DIE_BEFORE_READY=%s: test hook, that worker kills "
+                "itself before the start barrier\n",
+                die_w);
     for (uint32_t w = 0; w < o.workers; w++) {
         pids[w] = fork();
         if (pids[w] < 0)
@@ -1460,27 +1520,64 @@ static int bench_engine(int argc, char **argv)
     }
     close(ready[1]);
     close(go[0]);
-    uint32_t nready = 0, nfailed = 0;
-    for (char b; nready + nfailed < o.workers && read(ready[0], &b, 1) == 1;)
-        b == 'r' ? nready++ : nfailed++;
-    fprintf(stderr, "kvbench engine: %u workers ready (%u failed to start); go\n", nready,
-            o.workers - nready);
+    /* The start barrier (design block above): wait for every worker's 'r' byte, reaping the
+     * workers between polls, until one fails ('x', its error in its result) or ends without a
+     * byte, which calls the run off. ready[0] stays open until every worker is reaped: a worker
+     * still opening its shim writes its byte later, and a closed read end would kill it with
+     * SIGPIPE instead of letting it close its shim. */
+    uint32_t nready = 0;
+    int left = (int)o.workers, bad_exit = 0;
+    char *stop_why = sh.stop_why;
+    while (nready < o.workers && !stop_why[0]) {
+        struct pollfd pf = {.fd = ready[0], .events = POLLIN};
+        char b[64];
+        ssize_t n = poll(&pf, 1, 50) > 0 ? read(ready[0], b, sizeof b) : -1;
+        if (n == 0)
+            usleep(1000); /* every write end closed: all wrote or ended; the reap names who */
+        for (ssize_t i = 0; i < n; i++)
+            nready += b[i] == 'r';
+        for (uint32_t w = 0; w < o.workers; w++) {
+            int ws;
+            if (pids[w] > 0 && waitpid(pids[w], &ws, WNOHANG) == pids[w]) {
+                pids[w] = 0;
+                wstat[w] = ws;
+                ended[w] = now_ns();
+                left--;
+                bad_exit++; /* no worker exits before go but by failing */
+            }
+            /* sh.w[w].failed is set before its 'x' is written, and its err before that */
+            if (stop_why[0])
+                continue;
+            if (sh.w[w].failed)
+                snprintf(stop_why, ENG_WHY_CAP, "worker %u failed before the start: %.440s", w,
+                         sh.w[w].err);
+            else if (!pids[w]) {
+                char how[128];
+                eng_ended_how(wstat[w], "before it was ready", how, sizeof how);
+                snprintf(stop_why, ENG_WHY_CAP, "worker %u %s", w, how);
+            }
+        }
+    }
     /* 2 s per poll, not 30: a daemon that went away is noticed after one of them */
     if (kvc_connect(&c, ep, 2000) != KV_ERR_OK)
         die("connect (status poll)", NULL);
     int64_t t0 = now_ns();
-    for (uint32_t w = 0; w < o.workers; w++) {
-        char b = 'g';
-        if (write(go[1], &b, 1) != 1) {
+    int started = !stop_why[0];
+    if (started) {
+        fprintf(stderr, "kvbench engine: %u workers ready; go\n", nready);
+        for (uint32_t w = 0; w < o.workers; w++) {
+            char b = 'g';
+            if (write(go[1], &b, 1) != 1) {
+            }
         }
-    }
+    } else /* no byte: each worker still running reads EOF at its barrier and stops */
+        fprintf(stderr, "kvbench engine: %s; calling the run off, stopping the others\n", stop_why);
     close(go[1]);
-    close(ready[0]);
     /* Poll the daemon while the workers run: the highest FP8 / TQ3 pages in use. When the
      * daemon goes away the workers are killed: each of their calls in flight would wait out
      * libkvshim's 60 s timeout, and this loop waited with them (over 2 minutes in all). */
     uint64_t fp8_max = 0, tq3_max = 0, polls = 0;
-    int left = (int)o.workers, bad_exit = 0, gone = 0;
+    int gone = 0;
     char gone_why[640] = ""; /* how the daemon went away: the error of each worker killed */
     while (left > 0) {
         char why[512];
@@ -1511,6 +1608,7 @@ static int bench_engine(int argc, char **argv)
                     if (pids[w] == d) {
                         pids[w] = 0;
                         wstat[w] = ws;
+                        ended[w] = now_ns();
                     }
             } else if (d > 0 && d == dpid) {
                 snprintf(gone_why, sizeof gone_why,
@@ -1525,6 +1623,8 @@ static int bench_engine(int argc, char **argv)
                 usleep(1000);
         }
     }
+    close(ready[0]);
+    /* the run's wall time, from go; none when it was called off before the start */
     double wall_s = (double)(now_ns() - t0) / 1e9;
     /* the workers' sessions are gone: their references should drop to 0 (the daemon closes a
      * session on goodbye / process exit; poll briefly) */
@@ -1538,7 +1638,8 @@ static int bench_engine(int argc, char **argv)
      * here (the daemon went away), or by a signal of its own (a crash), or that exited without
      * writing one, showed "error": "" in the JSON. */
     for (uint32_t w = 0; w < o.workers; w++)
-        eng_worker_ended(&sh.w[w], wstat[w], gone ? gone_why : NULL);
+        eng_worker_ended(&sh.w[w], wstat[w], started ? "before it finished" : "before it was ready",
+                         gone ? gone_why : NULL);
 
     /* ---- aggregate ---- */
     uint64_t reqs = 0, prompt = 0, cachedt = 0, prefill = 0, steps = 0, attn_calls = 0;
@@ -1591,8 +1692,11 @@ static int bench_engine(int argc, char **argv)
         step_rate += ns > 0 ? (double)sh.w[w].n_step / ((double)ns / 1e9) : 0.0;
     }
 
-    printf("{\n  \"bench\": \"engine\",\n  \"ok\": %s,\n  \"backend\": \"%s\",\n",
-           ok ? "true" : "false", st0.backend);
+    printf("{\n  \"bench\": \"engine\",\n  \"ok\": %s,\n  \"error\": \"", ok ? "true" : "false");
+    if (!started)
+        printf("the run was called off at the start barrier: ");
+    eng_json_chars(started ? gone_why : stop_why, started ? sizeof gone_why : ENG_WHY_CAP);
+    printf("\",\n  \"backend\": \"%s\",\n", st0.backend);
     printf("  \"geometry\": {\"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"page_tokens\": "
            "%u, \"q_heads\": %u},\n",
            g.layers, g.kv_heads, g.head_dim, g.page_tokens, o.q_heads);
@@ -1611,9 +1715,13 @@ static int bench_engine(int argc, char **argv)
         (unsigned long long)exp_min, (unsigned long long)exp_max,
         prompt ? (double)cachedt / (double)prompt : 0.0, (unsigned long long)prefill,
         (unsigned long long)steps);
-    printf("  \"wall_s\": %.3f,\n  \"decode_tokens_per_s\": %.1f,\n"
-           "  \"decode_step_tokens_per_s\": %.1f,\n  \"requests_per_s\": %.2f,\n",
-           wall_s, (double)steps / wall_s, step_rate, (double)reqs / wall_s);
+    char wall[3][32]; /* null when the run was called off before the start: no time to divide */
+    eng_json_num(wall[0], sizeof wall[0], "%.3f", wall_s, started);
+    eng_json_num(wall[1], sizeof wall[1], "%.1f", wall_s > 0 ? (double)steps / wall_s : 0, started);
+    eng_json_num(wall[2], sizeof wall[2], "%.2f", wall_s > 0 ? (double)reqs / wall_s : 0, started);
+    printf("  \"wall_s\": %s,\n  \"decode_tokens_per_s\": %s,\n"
+           "  \"decode_step_tokens_per_s\": %.1f,\n  \"requests_per_s\": %s,\n",
+           wall[0], wall[1], step_rate, wall[2]);
     printf("  \"latency_us\": {\"begin\": {\"p50\": %.2f, \"p99\": %.2f}, "
            "\"append_token_layer\": {\"p50\": %.2f, \"p99\": %.2f}, "
            "\"prefill_append_per_token_layer_mean\": %.3f, "
@@ -1661,39 +1769,43 @@ static int bench_engine(int argc, char **argv)
         eng_pct(sh.begin + w * sh.cap_begin, r->n_begin, &wb50, &wb99);
         eng_pct(sh.app + w * sh.cap_app, r->n_app, &wa50, &wa99);
         eng_pct(sh.attn + w * sh.cap_attn, r->n_attn, &wt50, &wt99);
-        double ws = (double)r->wall_ns / 1e9;
+        /* a worker that did not finish: from go until it was reaped (wall_ns is set when it
+         * finishes: a killed worker showed 0.000); null when the run never started */
+        int fin = r->done && !r->failed;
+        double ws = (double)(fin ? r->wall_ns : ended[w] - t0) / 1e9;
+        char wws[32], wtps[32];
+        eng_json_num(wws, sizeof wws, "%.3f", ws, started);
+        eng_json_num(wtps, sizeof wtps, "%.1f", ws > 0 ? (double)r->decode_steps / ws : 0, started);
         printf("%s\n    {\"worker\": %u, \"ok\": %s, \"requests\": %llu, \"prompt_tokens\": %llu, "
                "\"cached_tokens\": %llu, \"first_cached\": %lld, \"cached_min\": %llu, "
                "\"cached_max\": %llu, \"prefill_tokens\": %llu, \"decode_steps\": %llu, "
-               "\"wall_s\": %.3f, \"decode_tokens_per_s\": %.1f, \"begin_us\": {\"p50\": %.2f, "
+               "\"wall_s\": %s, \"decode_tokens_per_s\": %s, \"begin_us\": {\"p50\": %.2f, "
                "\"p99\": %.2f}, \"append_us\": {\"p50\": %.2f, \"p99\": %.2f}, "
                "\"attention_us\": {\"p50\": %.2f, \"p99\": %.2f}, \"error\": \"",
-               w ? "," : "", w, r->done && !r->failed ? "true" : "false",
-               (unsigned long long)r->requests, (unsigned long long)r->prompt_tokens,
-               (unsigned long long)r->cached_tokens, (long long)r->first_cached,
-               (unsigned long long)(r->requests ? r->cached_min : 0),
+               w ? "," : "", w, fin ? "true" : "false", (unsigned long long)r->requests,
+               (unsigned long long)r->prompt_tokens, (unsigned long long)r->cached_tokens,
+               (long long)r->first_cached, (unsigned long long)(r->requests ? r->cached_min : 0),
                (unsigned long long)r->cached_max, (unsigned long long)r->prefill_tokens,
-               (unsigned long long)r->decode_steps, ws, ws > 0 ? (double)r->decode_steps / ws : 0,
-               wb50, wb99, wa50, wa99, wt50, wt99);
-        for (const char *e = r->err; *e && e < r->err + sizeof r->err; e++)
-            if (*e == '"' || *e == '\\')
-                printf("\\%c", *e);
-            else if ((unsigned char)*e >= 0x20)
-                putchar(*e);
+               (unsigned long long)r->decode_steps, wws, wtps, wb50, wb99, wa50, wa99, wt50, wt99);
+        eng_json_chars(r->err, sizeof r->err);
         printf("\"}");
     }
     printf("\n  ]\n}\n");
     fflush(stdout);
-    fprintf(stderr,
-            "kvbench engine: %s: %llu requests, cached %llu of %llu prompt tokens, %llu decode "
-            "steps in %.2f s (%.0f tokens/s), attention p50 %.1f us, ref err %.3g\n",
-            ok ? "ok" : "FAILED", (unsigned long long)reqs, (unsigned long long)cachedt,
-            (unsigned long long)prompt, (unsigned long long)steps, wall_s, (double)steps / wall_s,
-            t50, ref_err);
+    if (!started)
+        fprintf(stderr, "kvbench engine: FAILED: called off before the start: %s\n", stop_why);
+    else
+        fprintf(stderr,
+                "kvbench engine: %s: %llu requests, cached %llu of %llu prompt tokens, %llu "
+                "decode steps in %.2f s (%.0f tokens/s), attention p50 %.1f us, ref err %.3g\n",
+                ok ? "ok" : "FAILED", (unsigned long long)reqs, (unsigned long long)cachedt,
+                (unsigned long long)prompt, (unsigned long long)steps, wall_s,
+                wall_s > 0 ? (double)steps / wall_s : 0, t50, ref_err);
 
     munmap(mem, bytes);
     free(pids);
     free(wstat);
+    free(ended);
     if (dpid > 0) {
         int ds = stop_own_kvd();
         if (!WIFEXITED(ds) || WEXITSTATUS(ds) != 0) {

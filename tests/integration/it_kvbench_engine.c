@@ -26,8 +26,17 @@
  *    workers' calls waited out 60 s timeouts and the status polls 30 s ones: over 2 minutes),
  *    and each worker's "error" says why it stopped (it was "": kvbench had killed it). Workers
  *    killed from outside while the daemon stays: each "error" names the signal.
+ *    Their "wall_s" is the time until they were killed (it was 0.000: set only on finishing).
  * 6. SIGTERM to `kvbench rpc` mid-run: its own kvd is stopped and its directory removed.
+ * 7. A worker that dies before the start barrier without its ready byte (the test hook
+ *    KVBENCH_TEST_DIE_BEFORE_READY: it kills itself, shim open): kvbench waited forever on the
+ *    ready pipe, held open by the workers waiting for go. Now the run is called off within
+ *    seconds: every other worker stops at its barrier naming the dead one, the JSON parses,
+ *    "ok" is false, the wall times are null, and the daemon is left clean.
+ * Every `kvbench engine` JSON read here must parse (assert_json), failed runs' too: a consumer
+ * reads it as a whole.
  */
+#include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -89,6 +98,95 @@ static const char *jworker(const char *out, unsigned w)
     return p;
 }
 
+/* JSON syntax (RFC 8259) of the value at s: the end of it, or NULL where it breaks. */
+static const char *json_ws(const char *s)
+{
+    while (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r')
+        s++;
+    return s;
+}
+
+static const char *json_string(const char *s)
+{
+    if (*s++ != '"')
+        return NULL;
+    for (; *s != '"'; s++) {
+        if ((unsigned char)*s < 0x20) /* a control character, or the end of the text */
+            return NULL;
+        if (*s != '\\')
+            continue;
+        if (*++s == 'u') {
+            for (int i = 1; i <= 4; i++)
+                if (!isxdigit((unsigned char)s[i]))
+                    return NULL;
+            s += 4;
+        } else if (!*s || !strchr("\"\\/bfnrt", *s))
+            return NULL;
+    }
+    return s + 1;
+}
+
+static const char *json_digits(const char *s)
+{
+    if (!isdigit((unsigned char)*s))
+        return NULL;
+    while (isdigit((unsigned char)*s))
+        s++;
+    return s;
+}
+
+static const char *json_value(const char *s, int depth)
+{
+    s = json_ws(s);
+    if (depth > 32)
+        return NULL;
+    if (*s == '{' || *s == '[') {
+        char close = *s == '{' ? '}' : ']';
+        if (*(s = json_ws(s + 1)) == close)
+            return s + 1;
+        for (;;) {
+            if (close == '}') {
+                if (!(s = json_string(json_ws(s))) || *(s = json_ws(s)) != ':')
+                    return NULL;
+                s++;
+            }
+            if (!(s = json_value(s, depth + 1)))
+                return NULL;
+            if (*(s = json_ws(s)) == close)
+                return s + 1;
+            if (*s++ != ',')
+                return NULL;
+        }
+    }
+    if (*s == '"')
+        return json_string(s);
+    static const char *const words[] = {"true", "false", "null"};
+    for (size_t i = 0; i < 3; i++)
+        if (!strncmp(s, words[i], strlen(words[i])))
+            return s + strlen(words[i]);
+    /* a number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? ("nan", "inf", "" are not) */
+    s += *s == '-';
+    if (!(s = *s == '0' ? s + 1 : json_digits(s)))
+        return NULL;
+    if (*s == '.' && !(s = json_digits(s + 1)))
+        return NULL;
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        s += *s == '+' || *s == '-';
+        s = json_digits(s);
+    }
+    return s;
+}
+
+/* The JSON object at j (kvbench's stdout; stderr lines may follow it) parses. */
+static void assert_json(const char *j)
+{
+    assert_non_null(j);
+    const char *e = json_value(j, 0);
+    if (!e || (*e && *e != '\n'))
+        fail_msg("kvbench's JSON does not parse%s:\n%s", e ? " (text after it)" : "", j);
+}
+
 static int run_bench(char *out, const char *const *args)
 {
     const char *argv[64] = {KVBENCH_BIN, "engine"};
@@ -112,8 +210,8 @@ static void test_smoke_prefix_hits_are_exact(void **state)
                           "--decode", "2",        NULL};
     assert_int_equal(run_bench(out, args), 0);
     const char *j = strchr(out, '{');
-    assert_non_null(j);
-    assert_non_null(strstr(j, "\"ok\": true"));
+    assert_json(j);
+    assert_non_null(strstr(j, "\"ok\": true,\n  \"error\": \"\","));
     assert_non_null(strstr(j, "\"backend\": \"host\""));
     double cached = jtop(j, "cached_tokens"), prompt = jtop(j, "prompt_tokens");
     fprintf(stderr, "[ kvbench ] cached %.0f of %.0f prompt tokens (allowed %u..%u)\n", cached,
@@ -175,7 +273,7 @@ static void test_running_daemon_with_lifecycle(void **state)
                           "--attn-all", "--q-heads", "6",         "--seed", "9",          NULL};
     assert_int_equal(run_bench(out, args), 0);
     const char *j = strchr(out, '{');
-    assert_non_null(j);
+    assert_json(j);
     assert_non_null(strstr(j, "\"ok\": true"));
     assert_non_null(strstr(j, "\"own_daemon\": false"));
     assert_int_equal((int)jnum(j, "attn_layers"), 2);
@@ -430,7 +528,7 @@ static void test_engine_daemon_killed_fails_fast(void **state)
     static char out[OUT_CAP];
     read_file(log, out, sizeof out);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !strstr(out, "went away during the run") ||
-        !strstr(out, "\"ok\": false"))
+        !strstr(out, "\"ok\": false,\n  \"error\": \"the daemon at "))
         fail_msg("kvbench engine, daemon killed: status %d after %.1f s:\n%s", st,
                  (double)(itest_now_us() - t0) / 1e6, out);
     fprintf(stderr, "[ kvbench ] the daemon's death ended the run in %.1f s\n",
@@ -438,7 +536,7 @@ static void test_engine_daemon_killed_fails_fast(void **state)
     /* every worker stopped, and says why: killed by kvbench naming the daemon's going away,
      * or its own error when a call failed first */
     const char *j = strchr(out, '{');
-    assert_non_null(j);
+    assert_json(j);
     for (unsigned w = 0; w < 2; w++) {
         char err[600];
         int ok;
@@ -494,16 +592,80 @@ static void test_engine_workers_killed_say_how(void **state)
     const char *j = strchr(out, '{');
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !j || !strstr(j, "\"ok\": false"))
         fail_msg("kvbench engine, workers killed: status %d:\n%s", st, out);
+    assert_json(j);
     for (unsigned w = 0; w < 2; w++) {
         char err[600];
         int ok;
         jworker_error(j, w, &ok, err, sizeof err);
         if (ok || strcmp(err, "killed by signal 9 (Killed) before it finished"))
             fail_msg("worker %u killed by SIGKILL: ok %d, error '%s':\n%s", w, ok, err, out);
+        /* past a lookup, so it ran: its wall time is until it was killed, not 0.000 */
+        if (!(jnum(jworker(j, w), "wall_s") > 0))
+            fail_msg("worker %u killed after it started reports no wall time:\n%s", w, out);
     }
     /* the daemon reclaims what the workers held */
     if (itest_wait_stat(&k, "request_refs", 0, 20000) < 0)
         fail_msg("the killed workers' references were not reclaimed");
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    assert_int_equal(dir_entries(tmp), 0);
+    assert_int_equal(unlink(log), 0);
+    itest_rmtree(tmp);
+}
+
+/* A worker that dies before the start barrier without writing its ready byte (as the OOM
+ * killer would end it, its shim open): kvbench read the ready pipe forever, since the other
+ * workers, waiting for go, held the pipe's write end open. Now the run is called off. */
+static void test_engine_worker_dead_before_start_does_not_hang(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    char tmp[256], log[300];
+    itest_tmpdir(tmp, sizeof tmp, "kvbench-it-tmp");
+    snprintf(log, sizeof log, "%s.log", tmp);
+    const char *argv[] = {KVBENCH_BIN,  "engine", "--endpoint", k.endpoint, "--workers", "3",
+                          "--requests", "2",      "--decode",   "2",        NULL};
+    setenv("KVBENCH_TEST_DIE_BEFORE_READY", "1", 1); /* worker 1 */
+    pid_t pid = spawn_logged(argv, log, tmp);
+    unsetenv("KVBENCH_TEST_DIE_BEFORE_READY");
+    int64_t t0 = itest_now_us();
+    int st = wait_within(pid, 30000000, "kvbench engine with a worker dead before the start");
+    fprintf(stderr, "[ kvbench ] a worker dead before the start ended the run in %.2f s\n",
+            (double)(itest_now_us() - t0) / 1e6);
+    static char out[OUT_CAP];
+    read_file(log, out, sizeof out);
+    const char *j = strchr(out, '{');
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !j)
+        fail_msg("kvbench engine, worker 1 dead before the start: status %d:\n%s", st, out);
+    assert_json(j);
+    const char *how = "worker 1 killed by signal 9 (Killed) before it was ready";
+    char want[256];
+    snprintf(want, sizeof want,
+             "\"ok\": false,\n  \"error\": \"the run was called off at the start barrier: %s\"",
+             how);
+    if (!strstr(j, want) || !strstr(j, "\"wall_s\": null,\n  \"decode_tokens_per_s\": null"))
+        fail_msg("want %s and a null wall time:\n%s", want, out);
+    assert_int_equal((int)jtop(j, "requests"), 0);
+    for (unsigned w = 0; w < 3; w++) {
+        char err[600], other[300];
+        int ok;
+        jworker_error(j, w, &ok, err, sizeof err);
+        snprintf(other, sizeof other, "stopped by kvbench before the start: %s", how);
+        if (ok || strcmp(err, w == 1 ? "killed by signal 9 (Killed) before it was ready" : other))
+            fail_msg("worker %u: ok %d, error '%s':\n%s", w, ok, err, out);
+        /* it never started: no wall time (it was 0.000, as if measured) */
+        if (!strstr(jworker(j, w), "\"wall_s\": null, \"decode_tokens_per_s\": null"))
+            fail_msg("worker %u of a run called off has a wall time:\n%s", w, out);
+    }
+    /* every session ended: the stopped workers' and the reference mapping's by goodbye, the
+     * dead worker's at its exit; nothing is held and the daemon is consistent */
+    if (itest_wait_stat(&k, "sessions_closed", itest_stat(&k, "sessions_opened"), 20000) < 0 ||
+        itest_stat(&k, "sessions_opened") != 4)
+        fail_msg("sessions: %llu opened (want 3 workers + worker 0's reference), %llu closed",
+                 (unsigned long long)itest_stat(&k, "sessions_opened"),
+                 (unsigned long long)itest_stat(&k, "sessions_closed"));
+    assert_true(itest_wait_stat(&k, "request_refs", 0, 20000) >= 0);
     itest_assert_check(&k);
     assert_int_equal(itest_kvd_stop(&k), 0);
     assert_int_equal(dir_entries(tmp), 0);
@@ -562,6 +724,7 @@ int main(void)
         cmocka_unit_test(test_rpc_checks_on_a_running_daemon),
         cmocka_unit_test(test_engine_daemon_killed_fails_fast),
         cmocka_unit_test(test_engine_workers_killed_say_how),
+        cmocka_unit_test(test_engine_worker_dead_before_start_does_not_hang),
         cmocka_unit_test(test_rpc_sigterm_cleans_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
