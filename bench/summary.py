@@ -6,9 +6,11 @@ kernels launched through kvk_cuda_attn_partial + kvk_cuda_attn_merge (a repeat m
 the same work), "part ms" = the partial kernel alone (so ms − part ≈ the merge and its launch);
 x dense = dense ms / ms; "read ms" = a plain read of the same byte count timed the same way,
 "%read" = read ms / ms (how close the call comes to reading its bytes and nothing else);
-"cold ms" = the call after a 256 MB read has filled L2 with other data, as between two layers
-of an engine (kvbench_attn KVBENCH_COLD_MB; "ms" is back to back). JSON of older versions
-without those fields prints "-". Rows with
+"cold ms" = the call after a read of cold_mb MB (256 in run_gpu.sh) has filled L2 with other
+data, as between two layers of an engine (kvbench_attn KVBENCH_COLD_MB; "ms" is back to back),
+and the x dense after it = dense ms / cold ms. JSON of older versions without those fields
+prints "-"; so does the cold x dense of a cold ms that is not positive (it is a difference of
+two timings: a sign the measurement failed). Rows with
 "sweep" (decode at other split counts, 32K) and "trace" (timeline probe) follow.
 """
 import json
@@ -41,7 +43,8 @@ def main(bench_path, sdpa_path):
         rd = r.get("read_ms")
         pr = f"{100 * rd / r['ms']:4.0f}%" if rd else "    -"
         cold = r.get("ms_cold")
-        cp = f"{dm / cold:7.2f}" if dm and cold else "      -"
+        ok = isinstance(cold, (int, float)) and cold > 0
+        cp = f"{dm / cold:7.2f}" if dm and ok else "      -"
         print(f"{r['B']:>2} {r['d']:>4} {r['tokens']:>7} {r['mode']:>4} {r['splits']:>3} "
               f"{r['ms']:8.4f} {r['gbps']:7.0f} {100 * r['gbps'] / copy:5.0f}% "
               f"{fmt(r.get('ms_two_pass'))} {fmt(r.get('ms_partial'))} {fmt(rd)} {pr} "

@@ -23,11 +23,13 @@
  * KVBENCH_TRACE_DUMP=dir writes every block's raw records (start/end ns, SM id) to
  * dir/<case>.bin for offline analysis (docs/perf.md, "Where the ragged end comes from").
  * Pages hold valid random codes (no NaN codes): timings on zeros would flatter.
- * KVBENCH_COLD_MB=N adds "ms_cold" to each row: decode after a plain read of N MB before
- * every call (graph of reps × (read, decode) minus a graph of reps × read, per call), so that
- * nothing of the previous call is left in L2 — as in an engine, where each layer's GEMMs
- * stream their weights between two attention calls. Back-to-back calls (the "ms" figure) find
- * the page ids, directory entries and code the last call left (docs/perf.md, session 14).
+ * KVBENCH_COLD_MB=N adds "cold_mb" and "ms_cold" to each row: decode after a plain read of N
+ * MB before every call (graph of reps × (read, decode) minus a graph of reps × read, per call),
+ * so that nothing of the previous call is left in L2 — as in an engine, where each layer's
+ * GEMMs stream their weights between two attention calls. Back-to-back calls (the "ms" figure)
+ * find the page ids, directory entries and code the last call left (docs/perf.md, session 14).
+ * ms_cold is a difference of two medians each dominated by the reads (N = 256: ~60 µs per
+ * call at read_ms's rate), so expect more noise in it than in "ms" on the shortest calls.
  */
 #include "kvkern.h"
 #include "kvkern_cuda.h"
@@ -195,6 +197,19 @@ struct Shape {
 
 int main(void)
 {
+    /* KVBENCH_COLD_MB: a whole number of MB, 0 or empty = off; anything else (a negative or
+     * non-numeric value, which atoi read as 0 or as a huge size) is a usage error */
+    const char *cold_env = getenv("KVBENCH_COLD_MB");
+    size_t cold_bytes = 0;
+    if (cold_env && *cold_env) {
+        char *end;
+        const unsigned long mb = strtoul(cold_env, &end, 10);
+        if (*end || cold_env[0] < '0' || cold_env[0] > '9' || mb > (1ul << 20)) {
+            fprintf(stderr, "kvbench_attn: KVBENCH_COLD_MB=%s: not a number of MB\n", cold_env);
+            return 1;
+        }
+        cold_bytes = (size_t)mb << 20;
+    }
     KCK(kvk_cuda_init());
     /* session 9: without it the first case measured (8K all-FP8) came out ~10% slow, at the
      * clocks of a GPU that had been idle (0.0490 vs 0.0443 ms with 50 ms; later cases equal) */
@@ -226,8 +241,6 @@ int main(void)
             ts.push_back(replay_ms());
         return median(ts);
     };
-    const char *cold_env = getenv("KVBENCH_COLD_MB");
-    const size_t cold_bytes = cold_env ? (size_t)atoi(cold_env) << 20 : 0;
     void *cold_buf = nullptr; /* read to empty L2 between calls (KVBENCH_COLD_MB) */
     if (cold_bytes) {
         CK(cudaMalloc(&cold_buf, cold_bytes));
