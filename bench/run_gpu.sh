@@ -7,7 +7,8 @@
 # Writes to $OUT (default ./gpu-out): test.log, memcheck.log, racecheck.log, bench.json,
 # sdpa.json, nvidia-smi.txt. Exits non-zero when the tests or a sanitizer fail.
 # Knobs: GPU_DIR (default .gpu), SANITIZERS (default "memcheck racecheck"), SKIP_SANITIZE=1,
-# SKIP_BENCH=1, SDPA_JSON=file (reuse dense figures instead of running torch).
+# SKIP_BENCH=1, SDPA_JSON=file (reuse dense figures instead of running torch),
+# KVBENCH_COLD_MB (default 256: the "ms_cold" figures; 0 turns them off).
 set -uo pipefail
 OUT=${OUT:-./gpu-out}
 mkdir -p "$OUT"

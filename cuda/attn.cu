@@ -797,15 +797,16 @@ __device__ __forceinline__ void cp16s(uint32_t dst, const void *src)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 /* v34: the FP8 phase's copies of page bytes (cp_seg) carry an L2 evict-first policy. A decode
- * call streams 0.05-2 GB of pages, each byte read once, through a 60 MB L2, and with the default
- * policy that stream evicts what the call and the next one read again (page ids, directory
- * entries, queries, partitions, the kernels' code). On the H200 all-FP8 at B=8 ran 2-5%
- * faster with the hint, both back to back and after a 256 MB read had filled L2 (as between
- * two layers of an engine). The same hint on the TQ3 copies made TQ3 and the mix 1-5% faster
- * back to back but 2-4% slower at B=8 after the L2-filling read, so those copies keep the
- * default policy (docs/perf.md "Session 14"). The policy comes from createpolicy in a non-volatile asm, which
- * the compiler hoists: the FP8 loop at d = 128 grew 658 → 679 instructions (P16) and ran
- * faster all the same. */
+ * call streams 13 MB-2.2 GB of pages (the benchmark's cases), each byte read once, through a
+ * 60 MB L2, and with the default policy that stream evicts what the call and the next one read
+ * again (page ids, directory entries, queries, partitions, the kernels' code). On the H200
+ * all-FP8 at B=8 8K and 32K ran 2-5% faster with the hint, both back to back and after a
+ * 256 MB read had filled L2 (as between two layers of an engine). The same hint on the TQ3
+ * copies made TQ3 and the mix faster back to back but 2-4% slower at B=8 8K/32K after the
+ * L2-filling read, so those copies keep the default policy (docs/perf.md "Session 14").
+ * createpolicy is a non-volatile asm, so the compiler may share one policy between copies: it
+ * builds it once per tile's copies (not once per thread), most of the FP8 loop's growth at
+ * d = 128 from 658 to 679 instructions (P16); the loop ran faster all the same. */
 __device__ __forceinline__ uint64_t kv_policy()
 {
     uint64_t p; /* not volatile: the compiler may compute it once */
