@@ -422,6 +422,21 @@ static void test_rpc_checks_on_a_running_daemon(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* A run's TMPDIR for kvbench (tmp) and the file its stdout and stderr go to (log, beside it) */
+static void run_dirs(char *tmp, size_t tmp_cap, char *log, size_t log_cap)
+{
+    itest_tmpdir(tmp, tmp_cap, "kvbench-it-tmp");
+    snprintf(log, log_cap, "%s.log", tmp);
+}
+
+/* kvbench left nothing in its TMPDIR, whatever ended the run; then both go */
+static void run_dirs_clean(const char *tmp, const char *log)
+{
+    assert_int_equal(dir_entries(tmp), 0);
+    assert_int_equal(unlink(log), 0);
+    itest_rmtree(tmp);
+}
+
 /* fork + exec argv with stdout and stderr into the file `log`, TMPDIR=tmp; its pid */
 static pid_t spawn_logged(const char *const *argv, const char *log, const char *tmp)
 {
@@ -508,17 +523,24 @@ static int children_of(pid_t pid, pid_t *kids, int cap)
     return n;
 }
 
+/* A daemon of its own (k) and a `kvbench engine` on it with far more requests than the test
+ * waits for, logged to log, TMPDIR tmp (run_dirs); the engine's pid */
+static pid_t spawn_long_engine(itest_kvd_t *k, char *tmp, size_t tmp_cap, char *log,
+                               size_t log_cap)
+{
+    itest_kvd_start(k, NULL);
+    run_dirs(tmp, tmp_cap, log, log_cap);
+    const char *argv[] = {KVBENCH_BIN,  "engine", "--endpoint", k->endpoint,
+                          "--requests", "100000", NULL};
+    return spawn_logged(argv, log, tmp);
+}
+
 static void test_engine_daemon_killed_fails_fast(void **state)
 {
     (void)state;
     itest_kvd_t k;
-    itest_kvd_start(&k, NULL);
     char tmp[256], log[300];
-    itest_tmpdir(tmp, sizeof tmp, "kvbench-it-tmp");
-    snprintf(log, sizeof log, "%s.log", tmp);
-    const char *argv[] = {KVBENCH_BIN,  "engine", "--endpoint", k.endpoint,
-                          "--requests", "100000", NULL};
-    pid_t pid = spawn_logged(argv, log, tmp);
+    pid_t pid = spawn_long_engine(&k, tmp, sizeof tmp, log, sizeof log);
     /* both workers attached (and the reference session): then the daemon dies */
     assert_true(itest_wait_stat(&k, "sessions_opened", 3, 30000) >= 0);
     kill(k.pid, SIGKILL);
@@ -547,9 +569,7 @@ static void test_engine_daemon_killed_fails_fast(void **state)
                      out);
         fprintf(stderr, "[ kvbench ] worker %u: %s\n", w, err);
     }
-    assert_int_equal(dir_entries(tmp), 0);
-    assert_int_equal(unlink(log), 0);
-    itest_rmtree(tmp);
+    run_dirs_clean(tmp, log);
     k.pid = 0; /* reaped above */
     itest_rmtree(k.dir);
 }
@@ -560,13 +580,8 @@ static void test_engine_workers_killed_say_how(void **state)
 {
     (void)state;
     itest_kvd_t k;
-    itest_kvd_start(&k, NULL);
     char tmp[256], log[300];
-    itest_tmpdir(tmp, sizeof tmp, "kvbench-it-tmp");
-    snprintf(log, sizeof log, "%s.log", tmp);
-    const char *argv[] = {KVBENCH_BIN,  "engine", "--endpoint", k.endpoint,
-                          "--requests", "100000", NULL};
-    pid_t pid = spawn_logged(argv, log, tmp);
+    pid_t pid = spawn_long_engine(&k, tmp, sizeof tmp, log, sizeof log);
     /* a lookup means a worker is past the start barrier: every worker has checked in */
     for (int64_t t0 = itest_now_us(); itest_stat(&k, "lookups") == 0;) {
         if (itest_now_us() - t0 > 30000000) {
@@ -608,9 +623,7 @@ static void test_engine_workers_killed_say_how(void **state)
         fail_msg("the killed workers' references were not reclaimed");
     itest_assert_check(&k);
     assert_int_equal(itest_kvd_stop(&k), 0);
-    assert_int_equal(dir_entries(tmp), 0);
-    assert_int_equal(unlink(log), 0);
-    itest_rmtree(tmp);
+    run_dirs_clean(tmp, log);
 }
 
 /* A worker that dies before the start barrier without writing its ready byte (as the OOM
@@ -622,8 +635,7 @@ static void test_engine_worker_dead_before_start_does_not_hang(void **state)
     itest_kvd_t k;
     itest_kvd_start(&k, NULL);
     char tmp[256], log[300];
-    itest_tmpdir(tmp, sizeof tmp, "kvbench-it-tmp");
-    snprintf(log, sizeof log, "%s.log", tmp);
+    run_dirs(tmp, sizeof tmp, log, sizeof log);
     const char *argv[] = {KVBENCH_BIN,  "engine", "--endpoint", k.endpoint, "--workers", "3",
                           "--requests", "2",      "--decode",   "2",        NULL};
     setenv("KVBENCH_TEST_DIE_BEFORE_READY", "1", 1); /* worker 1 */
@@ -668,17 +680,14 @@ static void test_engine_worker_dead_before_start_does_not_hang(void **state)
     assert_true(itest_wait_stat(&k, "request_refs", 0, 20000) >= 0);
     itest_assert_check(&k);
     assert_int_equal(itest_kvd_stop(&k), 0);
-    assert_int_equal(dir_entries(tmp), 0);
-    assert_int_equal(unlink(log), 0);
-    itest_rmtree(tmp);
+    run_dirs_clean(tmp, log);
 }
 
 static void test_rpc_sigterm_cleans_up(void **state)
 {
     (void)state;
     char tmp[256], log[300];
-    itest_tmpdir(tmp, sizeof tmp, "kvbench-it-tmp");
-    snprintf(log, sizeof log, "%s.log", tmp);
+    run_dirs(tmp, sizeof tmp, log, sizeof log);
     const char *argv[] = {KVBENCH_BIN, "rpc", "--kvd", KVD_BIN, "--iters", "10000000", NULL};
     pid_t pid = spawn_logged(argv, log, tmp);
     /* its kvd is ready when TMPDIR/kvbench-XXXXXX/run/kvd.sock.fds exists */
