@@ -1567,8 +1567,8 @@ static int bench_engine(int argc, char **argv)
         fprintf(stderr, "kvbench engine: %u workers ready; go\n", nready);
         for (uint32_t w = 0; w < o.workers; w++) {
             char b = 'g';
-            if (write(go[1], &b, 1) != 1) {
-            }
+            if (write(go[1], &b, 1) != 1) /* only when a worker died since: reaped below */
+                continue;
         }
     } else /* no byte: each worker still running reads EOF at its barrier and stops */
         fprintf(stderr, "kvbench engine: %s; calling the run off, stopping the others\n", stop_why);
