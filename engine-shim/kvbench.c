@@ -1520,6 +1520,12 @@ static int bench_engine(int argc, char **argv)
     }
     close(ready[1]);
     close(go[0]);
+    /* The parent writes to pipes whose readers may all be gone: the go pipe when every worker
+     * died after its ready byte (the write fails with EPIPE; the reap below says how each
+     * ended), stdout when its reader left. SIGPIPE killed kvbench there (status 141), with no
+     * JSON and its TMPDIR left: cleanup() runs for the signals it catches only. The workers,
+     * forked before, keep the default. */
+    signal(SIGPIPE, SIG_IGN);
     /* The start barrier (design block above): wait for every worker's 'r' byte, reaping the
      * workers between polls, until one fails ('x', its error in its result) or ends without a
      * byte, which calls the run off. ready[0] stays open until every worker is reaped: a worker
@@ -1567,7 +1573,7 @@ static int bench_engine(int argc, char **argv)
         fprintf(stderr, "kvbench engine: %u workers ready; go\n", nready);
         for (uint32_t w = 0; w < o.workers; w++) {
             char b = 'g';
-            if (write(go[1], &b, 1) != 1) /* only when a worker died since: reaped below */
+            if (write(go[1], &b, 1) != 1) /* EPIPE: every worker died since: reaped below */
                 continue;
         }
     } else /* no byte: each worker still running reads EOF at its barrier and stops */

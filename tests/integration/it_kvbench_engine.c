@@ -33,6 +33,8 @@
  *    ready pipe, held open by the workers waiting for go. Now the run is called off within
  *    seconds: every other worker stops at its barrier naming the dead one, the JSON parses,
  *    "ok" is false, the wall times are null, and the daemon is left clean.
+ * 8. Every worker ready, then dead before kvbench wrote go: that write raised SIGPIPE, which
+ *    killed kvbench (no JSON, its TMPDIR left). Now it fails the run naming the signal.
  * Every `kvbench engine` JSON read here must parse (assert_json), failed runs' too: a consumer
  * reads it as a whole.
  */
@@ -48,6 +50,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -683,6 +686,145 @@ static void test_engine_worker_dead_before_start_does_not_hang(void **state)
     run_dirs_clean(tmp, log);
 }
 
+/* pid is blocked in write(fd, ...) (its /proc syscall line, else its wchan) */
+static int blocked_writing(pid_t pid, int fd)
+{
+    char path[64], buf[256] = "";
+    snprintf(path, sizeof path, "/proc/%d/syscall", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        long nr = -1;
+        unsigned long a0 = 0;
+        int got = fscanf(f, "%ld 0x%lx", &nr, &a0);
+        fclose(f);
+        if (got >= 1)
+            return got == 2 && nr == SYS_write && a0 == (unsigned long)fd;
+    }
+    snprintf(path, sizeof path, "/proc/%d/wchan", (int)pid);
+    if (!(f = fopen(path, "r")))
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, "pipe_write") != NULL;
+}
+
+/* pid's state letter in /proc/PID/stat ('Z': dead, not reaped), or 0 when it is gone */
+static char proc_state(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')');
+    return rp && rp[1] == ' ' ? rp[2] : 0;
+}
+
+/* Every worker was ready, then all died before kvbench wrote the go bytes: the write to a pipe
+ * nobody reads raised SIGPIPE, which kvbench did not handle, so it died by it (status 141)
+ * with no JSON, its TMPDIR left behind (and its own kvd, when it had one, killed without a
+ * clean stop). Made deterministic: kvbench's stderr is a full pipe, so it blocks printing
+ * "workers ready; go" (after the barrier, before the go bytes); the worker is killed and dead
+ * meanwhile, then the pipe is drained. kvbench must fail the run as for any killed worker. */
+static void test_engine_workers_dead_before_go_no_sigpipe(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    char tmp[256], log[300];
+    run_dirs(tmp, sizeof tmp, log, sizeof log);
+    int ep[2];
+    assert_int_equal(pipe(ep), 0);
+    /* fill it, then make it blocking again (the flag is shared with kvbench's stderr) */
+    assert_int_equal(fcntl(ep[1], F_SETFL, O_NONBLOCK), 0);
+    char junk[4096];
+    memset(junk, '.', sizeof junk);
+    while (write(ep[1], junk, sizeof junk) > 0 || write(ep[1], junk, 1) > 0)
+        continue;
+    assert_int_equal(fcntl(ep[1], F_SETFL, 0), 0);
+    const char *argv[] = {KVBENCH_BIN,  "engine", "--endpoint", k.endpoint, "--workers", "1",
+                          "--requests", "1",      "--decode",   "1",        NULL};
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || dup2(fd, 1) < 0 || dup2(ep[1], 2) < 0)
+            _exit(126);
+        close(ep[0]);
+        setenv("TMPDIR", tmp, 1);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(ep[1]);
+    const char *fail = NULL;
+    pid_t kids[8];
+    int n = 0;
+    int64_t t0 = itest_now_us();
+    while (!blocked_writing(pid, 2) && !fail) {
+        if (itest_now_us() - t0 > 30000000)
+            fail = "kvbench never blocked on its full stderr after the start barrier";
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+    if (!fail && (n = children_of(pid, kids, 8)) != 1)
+        fail = "kvbench engine --workers 1 does not have one child";
+    for (int i = 0; i < n && !fail; i++) {
+        assert_int_equal(kill(kids[i], SIGKILL), 0);
+        for (t0 = itest_now_us(); proc_state(kids[i]) != 'Z' && !fail;) {
+            if (itest_now_us() - t0 > 30000000)
+                fail = "the killed worker did not die";
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    /* drain kvbench's stderr (it goes on) until it exits */
+    fcntl(ep[0], F_SETFL, O_NONBLOCK);
+    int st = 0;
+    for (t0 = itest_now_us();;) {
+        while (read(ep[0], junk, sizeof junk) > 0)
+            continue;
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            break;
+        if (itest_now_us() - t0 > 30000000) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            fail = fail ? fail : "kvbench still running 30 s after its worker died";
+            break;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    close(ep[0]);
+    static char out[OUT_CAP];
+    read_file(log, out, sizeof out);
+    const char *j = strchr(out, '{');
+    if (fail || !WIFEXITED(st) || WEXITSTATUS(st) != 1 || !j) {
+        itest_kvd_stop(&k); /* what the test made goes, kvbench's leftovers with it */
+        unlink(log);
+        itest_rmtree(tmp);
+    }
+    if (fail)
+        fail_msg("%s (status %d):\n%s", fail, st, out);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !j)
+        fail_msg("kvbench engine, its worker dead before go: %s %d, wanted exit 1 and JSON:\n%s",
+                 WIFSIGNALED(st) ? "killed by signal" : "exit status",
+                 WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st), out);
+    assert_json(j);
+    char err[600];
+    int ok;
+    jworker_error(j, 0, &ok, err, sizeof err);
+    if (ok || strncmp(err, "killed by signal 9 (Killed)", 27))
+        fail_msg("worker 0 killed before go: ok %d, error '%s':\n%s", ok, err, out);
+    assert_true(itest_wait_stat(&k, "request_refs", 0, 20000) >= 0);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    run_dirs_clean(tmp, log);
+}
+
 static void test_rpc_sigterm_cleans_up(void **state)
 {
     (void)state;
@@ -734,6 +876,7 @@ int main(void)
         cmocka_unit_test(test_engine_daemon_killed_fails_fast),
         cmocka_unit_test(test_engine_workers_killed_say_how),
         cmocka_unit_test(test_engine_worker_dead_before_start_does_not_hang),
+        cmocka_unit_test(test_engine_workers_dead_before_go_no_sigpipe),
         cmocka_unit_test(test_rpc_sigterm_cleans_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
