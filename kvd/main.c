@@ -122,6 +122,9 @@ int main(int argc, char **argv)
      * read: both used to be loaded, the later file's directives silently winning (a --config
      * added to a command line that had one ran on a mix of the two files). */
     const char *conf = NULL, *conf_opt = NULL;
+    /* The second one, said after pass 1: --help and --version win wherever they stand, as
+     * they did when both files were read (`kvd --config a --config b --help` exited 1). */
+    const char *second = NULL, *second_opt = NULL;
     /* pass 1: --help, --check-config and --config (the file goes first, flags override it) */
     for (int i = 1; i < argc; i++) {
         const char *file, *opt = "--check-config";
@@ -142,15 +145,20 @@ int main(int argc, char **argv)
             goto out;
         if (r == 0)
             continue;
-        if (conf) {
-            fprintf(stderr,
-                    "kvd: %s %s: a second config file (%s %s came first); kvd reads one file: "
-                    "give one, and override its directives with --KEY VALUE flags\n",
-                    opt, file, conf_opt, conf);
-            goto out;
+        if (conf && !second) {
+            second = file;
+            second_opt = opt;
+        } else if (!conf) {
+            conf = file;
+            conf_opt = opt;
         }
-        conf = file;
-        conf_opt = opt;
+    }
+    if (second) {
+        fprintf(stderr,
+                "kvd: %s %s: a second config file (%s %s came first); kvd reads one file: "
+                "give one, and override its directives with --KEY VALUE flags\n",
+                second_opt, second, conf_opt, conf);
+        goto out;
     }
     if (conf && !strcmp(conf_opt, "--check-config")) {
         /* every error of the file, then pass 2 checks the flags given with it (they were
