@@ -1250,11 +1250,24 @@ static int eng_u32(const char *a, uint32_t *v)
  * control characters dropped. */
 static void eng_json_chars(const char *s, size_t cap)
 {
-    for (const char *e = s; e < s + cap && *e; e++)
-        if (*e == '"' || *e == '\\')
-            printf("\\%c", *e);
-        else if ((unsigned char)*e >= 0x20)
-            putchar(*e);
+    const char *end = s + cap;
+    for (const char *e = s; e < end && *e; e++) {
+        const unsigned char c = (unsigned char)*e;
+        if (c == '"' || c == '\\') {
+            printf("\\%c", c);
+        } else if (c >= 0x20 && c < 0x80) {
+            putchar(c);
+        } else if (c >= 0xc2 && c <= 0xf4) {
+            /* a whole UTF-8 sequence, or nothing: a message cut by a %.Ns precision (or any
+             * stray byte) must not leave the JSON invalid UTF-8 */
+            const int n = c < 0xe0 ? 1 : c < 0xf0 ? 2 : 3;
+            int ok = end - e > n;
+            for (int k = 1; ok && k <= n; k++)
+                ok = ((unsigned char)e[k] & 0xc0) == 0x80;
+            if (ok)
+                fwrite(e, 1, (size_t)n + 1, stdout), e += n;
+        }
+    }
 }
 
 /* v printed with fmt into buf, or null when it was not measured (valid 0). */
@@ -1736,13 +1749,15 @@ static int bench_engine(int argc, char **argv)
            "\"decode_step\": {\"p50\": %.2f, \"p99\": %.2f}},\n",
            b50, b99, a50, a99, ptl ? (double)pans / 1000.0 / (double)ptl : 0.0, t50, t99, c50, c99,
            s50, s99);
+    char errbuf[32];
     printf("  \"check\": {\"reference\": \"%s\", \"tol_rel_l2\": %g, \"checks\": %llu, "
-           "\"retries\": %llu, \"rel_err_max\": %.3g, \"tq3_pages_in_checked_table_max\": %u, "
+           "\"retries\": %llu, \"rel_err_max\": %s, \"tq3_pages_in_checked_table_max\": %u, "
            "\"attention_calls\": %llu, \"nonfinite\": %llu, \"workers_failed\": %llu},\n",
            on_device ? "skipped (device pools; outputs checked finite)"
                      : "float64 kv_attn_reference",
-           ENG_REF_TOL, (unsigned long long)ref_checks, (unsigned long long)ref_retries, ref_err,
-           ref_tq3, (unsigned long long)attn_calls, (unsigned long long)nonfinite,
+           ENG_REF_TOL, (unsigned long long)ref_checks, (unsigned long long)ref_retries,
+           /* null, not inf: a reference of norm 0 gives an infinite relative error */
+           eng_json_num(errbuf, sizeof errbuf, "%.3g", ref_err, isfinite(ref_err)), ref_tq3, (unsigned long long)attn_calls, (unsigned long long)nonfinite,
            (unsigned long long)failed);
     printf("  \"daemon\": {\"polls\": %llu, \"fp8_pages_used_max\": %llu, \"tq3_pages_used_max\": "
            "%llu, \"fp8_pages_used_end\": %llu, \"tq3_pages_used_end\": %llu, "
