@@ -432,6 +432,14 @@ static void run_dirs(char *tmp, size_t tmp_cap, char *log, size_t log_cap)
     snprintf(log, log_cap, "%s.log", tmp);
 }
 
+/* A daemon of the test's own (k), then run_dirs */
+static void kvd_and_run_dirs(itest_kvd_t *k, char *tmp, size_t tmp_cap, char *log,
+                             size_t log_cap)
+{
+    itest_kvd_start(k, NULL);
+    run_dirs(tmp, tmp_cap, log, log_cap);
+}
+
 /* kvbench left nothing in its TMPDIR, whatever ended the run; then both go */
 static void run_dirs_clean(const char *tmp, const char *log)
 {
@@ -531,8 +539,7 @@ static int children_of(pid_t pid, pid_t *kids, int cap)
 static pid_t spawn_long_engine(itest_kvd_t *k, char *tmp, size_t tmp_cap, char *log,
                                size_t log_cap)
 {
-    itest_kvd_start(k, NULL);
-    run_dirs(tmp, tmp_cap, log, log_cap);
+    kvd_and_run_dirs(k, tmp, tmp_cap, log, log_cap);
     const char *argv[] = {KVBENCH_BIN,  "engine", "--endpoint", k->endpoint,
                           "--requests", "100000", NULL};
     return spawn_logged(argv, log, tmp);
@@ -636,9 +643,8 @@ static void test_engine_worker_dead_before_start_does_not_hang(void **state)
 {
     (void)state;
     itest_kvd_t k;
-    itest_kvd_start(&k, NULL);
     char tmp[256], log[300];
-    run_dirs(tmp, sizeof tmp, log, sizeof log);
+    kvd_and_run_dirs(&k, tmp, sizeof tmp, log, sizeof log);
     const char *argv[] = {KVBENCH_BIN,  "engine", "--endpoint", k.endpoint, "--workers", "3",
                           "--requests", "2",      "--decode",   "2",        NULL};
     setenv("KVBENCH_TEST_DIE_BEFORE_READY", "1", 1); /* worker 1 */
@@ -727,9 +733,8 @@ static void test_engine_workers_dead_before_go_no_sigpipe(void **state)
 {
     (void)state;
     itest_kvd_t k;
-    itest_kvd_start(&k, NULL);
     char tmp[256], log[300];
-    run_dirs(tmp, sizeof tmp, log, sizeof log);
+    kvd_and_run_dirs(&k, tmp, sizeof tmp, log, sizeof log);
     int ep[2];
     assert_int_equal(pipe(ep), 0);
     /* fill it, then make it blocking again (the flag is shared with kvbench's stderr) */
