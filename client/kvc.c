@@ -39,6 +39,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,6 +175,30 @@ const char *kvc_errmsg(const kvc_t *c)
         if (!(c))                                                                                  \
             return KV_ERR_INVALID_ARGUMENT;                                                        \
     } while (0)
+
+void kvc_json_chars(FILE *out, const char *s, size_t max)
+{
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    for (size_t i = 0; i < max && p[i]; i++) {
+        const unsigned char c = p[i];
+        if (c == '"' || c == '\\') {
+            fprintf(out, "\\%c", c);
+        } else if (c < 0x20) {
+            fprintf(out, "\\u%04x", c);
+        } else if (c < 0x80) {
+            fputc(c, out);
+        } else if (c >= 0xc2 && c <= 0xf4) { /* a lead byte: its whole sequence or nothing */
+            const size_t n = c < 0xe0 ? 1 : c < 0xf0 ? 2 : 3;
+            size_t k = 1; /* a NUL is no continuation byte, so p[i + k] stays in the string */
+            while (k <= n && i + k < max && (p[i + k] & 0xc0) == 0x80)
+                k++;
+            if (k > n) {
+                fwrite(p + i, 1, n + 1, out);
+                i += n;
+            }
+        }
+    }
+}
 
 kv_err_t kvc_endpoint_probe(const char *endpoint, char *why, size_t cap)
 {

@@ -43,6 +43,7 @@
 #define KVC_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "kv_err.h"
@@ -63,6 +64,11 @@ kv_err_t kvc_connect(kvc_t **out, const char *endpoint, int timeout_ms);
  * of this uid's reach), with the reason, naming the path, in why. KV_ERR_OK when somebody may
  * answer, and for other schemes. A probe, not a session: a daemon may still come or go. */
 kv_err_t kvc_endpoint_probe(const char *endpoint, char *why, size_t cap);
+/* The text of s (up to NUL or max bytes) as the inside of a JSON string, to out: quote and
+ * backslash escaped, control characters as \u00XX, and only whole UTF-8 sequences (a stray
+ * byte, or a character cut by max or by a "%.Ns" that built s, is dropped). For the tools'
+ * JSON output (kvctl --json, kvbench). */
+void kvc_json_chars(FILE *out, const char *s, size_t max);
 /* Close the socket, unmap, free; *c = NULL. NULL-safe, so a second close is a no-op. Any other
  * call on the NULL it leaves (or on a NULL from a failed kvc_connect) returns
  * KV_ERR_INVALID_ARGUMENT, and the accessors 0 / NULL / "" ("host" for kvc_backend). */

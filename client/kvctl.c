@@ -77,18 +77,11 @@ static void usage(FILE *f)
             "  problem); 2 usage error (unknown option or command, missing or bad value)\n");
 }
 
-/* JSON string escaping for the few free-text fields. */
+/* A free-text field as a JSON string (kvc_json_chars) */
 static void jstr(const char *s)
 {
     putchar('"');
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
+    kvc_json_chars(stdout, s, SIZE_MAX);
     putchar('"');
 }
 

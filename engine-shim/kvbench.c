@@ -1246,30 +1246,6 @@ static int eng_u32(const char *a, uint32_t *v)
     return 0;
 }
 
-/* The characters of s (at most cap bytes) inside a JSON string: quote and backslash escaped,
- * control characters dropped. */
-static void eng_json_chars(const char *s, size_t cap)
-{
-    const char *end = s + cap;
-    for (const char *e = s; e < end && *e; e++) {
-        const unsigned char c = (unsigned char)*e;
-        if (c == '"' || c == '\\') {
-            printf("\\%c", c);
-        } else if (c >= 0x20 && c < 0x80) {
-            putchar(c);
-        } else if (c >= 0xc2 && c <= 0xf4) {
-            /* a whole UTF-8 sequence, or nothing: a message cut by a %.Ns precision (or any
-             * stray byte) must not leave the JSON invalid UTF-8 */
-            const int n = c < 0xe0 ? 1 : c < 0xf0 ? 2 : 3;
-            int ok = end - e > n;
-            for (int k = 1; ok && k <= n; k++)
-                ok = ((unsigned char)e[k] & 0xc0) == 0x80;
-            if (ok)
-                fwrite(e, 1, (size_t)n + 1, stdout), e += n;
-        }
-    }
-}
-
 /* v printed with fmt into buf, or null when it was not measured (valid 0). */
 static const char *eng_json_num(char *buf, size_t cap, const char *fmt, double v, int valid)
 {
@@ -1714,7 +1690,8 @@ static int bench_engine(int argc, char **argv)
     printf("{\n  \"bench\": \"engine\",\n  \"ok\": %s,\n  \"error\": \"", ok ? "true" : "false");
     if (!started)
         printf("the run was called off at the start barrier: ");
-    eng_json_chars(started ? gone_why : stop_why, started ? sizeof gone_why : ENG_WHY_CAP);
+    kvc_json_chars(stdout, started ? gone_why : stop_why,
+                   started ? sizeof gone_why : ENG_WHY_CAP);
     printf("\",\n  \"backend\": \"%s\",\n", st0.backend);
     printf("  \"geometry\": {\"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"page_tokens\": "
            "%u, \"q_heads\": %u},\n",
@@ -1808,7 +1785,7 @@ static int bench_engine(int argc, char **argv)
                (long long)r->first_cached, (unsigned long long)(r->requests ? r->cached_min : 0),
                (unsigned long long)r->cached_max, (unsigned long long)r->prefill_tokens,
                (unsigned long long)r->decode_steps, wws, wtps, wb50, wb99, wa50, wa99, wt50, wt99);
-        eng_json_chars(r->err, sizeof r->err);
+        kvc_json_chars(stdout, r->err, sizeof r->err);
         printf("\"}");
     }
     printf("\n  ]\n}\n");
