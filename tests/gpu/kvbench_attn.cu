@@ -241,6 +241,20 @@ int main(void)
             ts.push_back(replay_ms());
         return median(ts);
     };
+    /* median GPU time per call of a graph that captures issue(r) for r = 0 … reps − 1 */
+    auto graph_per_call_ms = [&](int reps, auto &&issue) {
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        for (int r = 0; r < reps; r++)
+            issue(r);
+        CK(cudaStreamEndCapture(st, &graph));
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        const float t = graph_ms(exec) / reps;
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
+        return t;
+    };
     void *cold_buf = nullptr; /* read to empty L2 between calls (KVBENCH_COLD_MB) */
     if (cold_bytes) {
         CK(cudaMalloc(&cold_buf, cold_bytes));
@@ -349,6 +363,11 @@ int main(void)
                  * page set r % sets) with num_splits ns; the output of the last call is checked
                  * to be finite */
                 int finite = 1;
+                auto batch_of = [&](int r) { /* call r of a graph reads page set r % sets */
+                    kv_attn_batch_t br = b;
+                    br.page_ids = dids + (size_t)(r % sets) * need;
+                    return br;
+                };
                 auto timed = [&](int v, uint32_t ns, void *wsp, size_t wsn) -> float {
                     const uint64_t rows = (uint64_t)S.B * ns * KV_FMT_COUNT * S.H;
                     float *pm = (float *)wsp, *pl = pm + rows, *po = pl + rows;
@@ -369,19 +388,7 @@ int main(void)
                                                     out, st));
                     };
                     call(b); /* warm up outside the capture */
-                    cudaGraph_t graph;
-                    cudaGraphExec_t exec;
-                    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-                    for (int r = 0; r < reps; r++) {
-                        kv_attn_batch_t br = b;
-                        br.page_ids = dids + (size_t)(r % sets) * need;
-                        call(br);
-                    }
-                    CK(cudaStreamEndCapture(st, &graph));
-                    CK(cudaGraphInstantiate(&exec, graph, 0));
-                    const float t = graph_ms(exec) / reps;
-                    CK(cudaGraphExecDestroy(exec));
-                    CK(cudaGraphDestroy(graph));
+                    const float t = graph_per_call_ms(reps, [&](int r) { call(batch_of(r)); });
                     if (v != 2 && v != 3) {
                         std::vector<float> ho(hq.size());
                         CK(cudaMemcpy(ho.data(), out, ho.size() * 4, cudaMemcpyDeviceToHost));
@@ -399,27 +406,17 @@ int main(void)
                 /* decode after an L2-filling read (KVBENCH_COLD_MB), the reads' own time
                  * subtracted: a graph of each, timed as above */
                 float ms_cold = 0.0f;
-                for (int with = 1; cold_bytes && with >= 0; with--) {
-                    cudaGraph_t graph;
-                    cudaGraphExec_t exec;
-                    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-                    for (int r = 0; r < reps; r++) {
+                for (int with = 1; cold_bytes && with >= 0; with--)
+                    ms_cold += (with ? 1.0f : -1.0f) * graph_per_call_ms(reps, [&](int r) {
                         read_stream<false><<<8 * prop.multiProcessorCount, 256, 0, st>>>(
                             static_cast<const uint4 *>(cold_buf), cold_bytes / 16,
                             reinterpret_cast<uint32_t *>(ws));
                         CK(cudaGetLastError());
-                        kv_attn_batch_t br = b;
-                        br.page_ids = dids + (size_t)(r % sets) * need;
+                        const kv_attn_batch_t br = batch_of(r);
                         if (with)
                             KCK(kvk_cuda_attn_decode(&g, &pools, ddir, (uint32_t)dir.size(),
                                                      &br, q, splits, ws, wsb, out, st));
-                    }
-                    CK(cudaStreamEndCapture(st, &graph));
-                    CK(cudaGraphInstantiate(&exec, graph, 0));
-                    ms_cold += (with ? 1.0f : -1.0f) * graph_ms(exec) / reps;
-                    CK(cudaGraphExecDestroy(exec));
-                    CK(cudaGraphDestroy(graph));
-                }
+                    });
                 /* the same bytes read by read_stream, timed the same way (graph of `reps`
                  * reads, each of another region of the pool where it has room) */
                 float read_ms;
@@ -438,10 +435,7 @@ int main(void)
                                 (unsigned long long)bytes);
                         exit(1);
                     }
-                    cudaGraph_t graph;
-                    cudaGraphExec_t exec;
-                    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-                    for (int r = 0; r < reps; r++) {
+                    read_ms = graph_per_call_ms(reps, [&](int r) {
                         read_stream<true><<<8 * prop.multiProcessorCount, 256, 0, st>>>(
                             reinterpret_cast<const uint4 *>(pool + (r % regions) * span), n16a,
                             reinterpret_cast<uint32_t *>(out));
@@ -449,13 +443,8 @@ int main(void)
                             read_stream<true><<<8 * prop.multiProcessorCount, 256, 0, st>>>(
                                 reinterpret_cast<const uint4 *>(p8), n16b,
                                 reinterpret_cast<uint32_t *>(out));
-                    }
-                    CK(cudaGetLastError());
-                    CK(cudaStreamEndCapture(st, &graph));
-                    CK(cudaGraphInstantiate(&exec, graph, 0));
-                    read_ms = graph_ms(exec) / reps;
-                    CK(cudaGraphExecDestroy(exec));
-                    CK(cudaGraphDestroy(graph));
+                        CK(cudaGetLastError());
+                    });
                 }
                 printf("%s    {\"B\": %u, \"q_heads\": %u, \"kv_heads\": %u, \"d\": %u, "
                        "\"tokens\": %u, \"mode\": \"%s\", \"splits\": %u, \"page_sets\": %u, "
