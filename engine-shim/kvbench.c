@@ -1734,7 +1734,8 @@ static int bench_engine(int argc, char **argv)
                      : "float64 kv_attn_reference",
            ENG_REF_TOL, (unsigned long long)ref_checks, (unsigned long long)ref_retries,
            /* null, not inf: a reference of norm 0 gives an infinite relative error */
-           eng_json_num(errbuf, sizeof errbuf, "%.3g", ref_err, isfinite(ref_err)), ref_tq3, (unsigned long long)attn_calls, (unsigned long long)nonfinite,
+           eng_json_num(errbuf, sizeof errbuf, "%.3g", ref_err, isfinite(ref_err)), ref_tq3,
+           (unsigned long long)attn_calls, (unsigned long long)nonfinite,
            (unsigned long long)failed);
     printf("  \"daemon\": {\"polls\": %llu, \"fp8_pages_used_max\": %llu, \"tq3_pages_used_max\": "
            "%llu, \"fp8_pages_used_end\": %llu, \"tq3_pages_used_end\": %llu, "
