@@ -12,6 +12,14 @@ and the x dense after it = dense ms / cold ms. JSON of older versions without th
 prints "-"; so does the cold x dense of a cold ms that is not positive (it is a difference of
 two timings: a sign the measurement failed). Rows with
 "sweep" (decode at other split counts, 32K) and "trace" (timeline probe) follow.
+
+A second table puts issue 4's bandwidth goal (TQ3 and mix at >= 80% of the copy ceiling on
+compressed bytes) beside what a call of the required structure (a partial kernel that reads
+every byte, then a merge kernel) can reach: "80% ms" = bytes / (0.8 x copy), the time the goal
+allows; "floor ms" = read ms + merge ms, a plain read of the same bytes followed by the merge
+kernel alone, each timed as a graph of back-to-back calls. When the floor is above the budget,
+no partial kernel, however fast its loop, meets the goal at that shape beside this merge
+kernel: only a shorter merge (or none) could.
 """
 import json
 import sys
@@ -49,6 +57,7 @@ def main(bench_path, sdpa_path):
               f"{r['ms']:8.4f} {r['gbps']:7.0f} {100 * r['gbps'] / copy:5.0f}% "
               f"{fmt(r.get('ms_two_pass'))} {fmt(r.get('ms_partial'))} {fmt(rd)} {pr} "
               f"{fmt(dm)} {sp} {fmt(cold)} {cp}")
+    goal_table(b["attention"], copy)
     for r in extra:
         if r.get("sweep") and "ms" in r:
             dm = dense.get((r["B"], r["d"], r["tokens"]))
@@ -58,6 +67,31 @@ def main(bench_path, sdpa_path):
                   f"x dense {sp}")
         else:
             print("  ", json.dumps(r))
+
+
+def goal_table(rows, copy):
+    rows = [r for r in rows if r.get("mode") in ("tq3", "mix") and not r.get("sweep")
+            and r.get("tokens", 0) >= 32768 and isinstance(r.get("bytes"), int)]
+    if not rows:
+        return
+    print("80% of copy (TQ3, mix, >= 32K): budget, and the floor of partial + merge")
+    print(f"{'B':>2} {'d':>4} {'tokens':>7} {'mode':>4} {'ms':>8} {'80% ms':>8} {'read ms':>8} "
+          f"{'merge ms':>8} {'floor ms':>8}  verdict")
+    for r in rows:
+        budget = r["bytes"] / (0.8 * copy * 1e9) * 1e3
+        rd, mg = r.get("read_ms"), r.get("ms_merge")
+        floor = rd + mg if isinstance(rd, (int, float)) and isinstance(mg, (int, float)) else None
+        if r["ms"] <= budget:
+            verdict = "met"
+        elif floor is None:
+            verdict = "missed"
+        elif floor > budget:
+            verdict = "missed; read + this merge exceed the budget"
+        else:
+            verdict = f"missed by {1e3 * (r['ms'] - budget):.1f} us; floor leaves " \
+                      f"{1e3 * (budget - floor):.1f} us for the rest"
+        print(f"{r['B']:>2} {r['d']:>4} {r['tokens']:>7} {r['mode']:>4} {r['ms']:8.4f} "
+              f"{budget:8.4f} {fmt(rd)} {fmt(mg)} {fmt(floor)}  {verdict}")
 
 
 if __name__ == "__main__":
