@@ -52,7 +52,8 @@
 #endif
 
 #define KVS_ERR_BYTES 512
-/* pages per kvc_alloc request: below the daemon's default max_alloc (4096) */
+/* pages per kvc_alloc request to start with: below the daemon's default max_alloc (4096); a
+ * kvs_t halves its own chunk when the daemon's max_alloc is lower (kvs_seq_add_pages) */
 #define KVS_ALLOC_CHUNK 1024u
 
 struct kvs_seq_s {
@@ -82,6 +83,9 @@ struct kvs_s {
     char name[KVP_MAX_STRING + 1]; /* the protocol's limit; longer names are refused */
     char err[KVS_ERR_BYTES];
     kvs_seq_t *seqs; /* open sequences, ended by kvs_close */
+    /* The daemon's max_alloc is configurable (and runtime-mutable) but not told at hello, so
+     * a refusal at its request gate shrinks this (kvs_seq_add_pages) */
+    uint32_t alloc_chunk; /* pages per kvc_alloc_reserve; KVS_ALLOC_CHUNK at first */
     /* host scratch */
     kvs_buf_t slots; /* uint32 slot_page[m], slot_idx[m] */
     kvs_buf_t kv;    /* float k[m][kvh][d], v[...] converted from f16 / bf16 */
@@ -285,6 +289,7 @@ kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o)
     if (!s)
         return kvs_fail(NULL, KV_ERR_NOMEM, "kvs_open: out of memory");
     snprintf(s->name, sizeof s->name, "%s", o->name ? o->name : "kvshim");
+    s->alloc_chunk = KVS_ALLOC_CHUNK;
     kv_err_t hello_err = KV_ERR_TIMEOUT; /* as if unanswered until a hello is sent */
     kv_err_t e = kvc_connect(&s->c, o->endpoint, o->timeout_ms ? o->timeout_ms : 5000);
     if (e != KV_ERR_OK) {
@@ -555,12 +560,23 @@ static kv_err_t kvs_seq_add_pages(kvs_seq_t *q, size_t n)
 {
     kvs_t *s = q->s;
     uint32_t *dst = q->pages + q->npages;
+    kv_pools_t pools;
+    kvc_pools(s->c, &pools);
     for (size_t got = 0; got < n;) {
-        uint32_t k = (uint32_t)(n - got < KVS_ALLOC_CHUNK ? n - got : KVS_ALLOC_CHUNK);
+        uint32_t k = (uint32_t)(n - got < s->alloc_chunk ? n - got : s->alloc_chunk);
         uint32_t reserve = 0; /* only the first of several chunks carries it */
         if (got == 0 && n > k) /* n < 2^32 / page_tokens; clamped, the check is only weaker */
             reserve = n < KVP_MAX_RESERVE ? (uint32_t)n : KVP_MAX_RESERVE;
         kv_err_t e = kvc_alloc_reserve(s->c, KV_FMT_FP8, k, reserve, dst + got);
+        /* A count over the daemon's max_alloc (a directive, 4096 by default, which an operator
+         * may lower at run time) is refused at its request gate, INVALID_ARGUMENT and nothing
+         * done: every extend of more pages than that failed. Halve the chunk, for later extends
+         * too, and ask again. A count over the whole pool is refused the same way, and stays
+         * the caller's INVALID_ARGUMENT (kvshim.h): no chunk size makes that extend fit. */
+        if (e == KV_ERR_INVALID_ARGUMENT && k > 1 && k <= pools.pages[KV_FMT_FP8]) {
+            s->alloc_chunk = k / 2;
+            continue;
+        }
         if (e != KV_ERR_OK) { /* (a timed-out chunk's pages are released by libkvc: kvc_late) */
             e = kvs_fail_kvc(s, e, "kvs_seq_extend: kvc_alloc_reserve");
             return kvs_give_back(s, dst, got, e);

@@ -117,7 +117,8 @@ kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **o
  * nothing: on failure no page and no token was added. RESOURCE_EXHAUSTED when the pool cannot
  * give the pages (INVALID_ARGUMENT when one 1024-page chunk exceeds a smaller pool); an extend
  * of more than 1024 pages is refused before any cache entry is evicted for it when the pool
- * could not give them all at that moment (docs/engine-shim.md, decision 57).
+ * could not give them all at that moment (docs/engine-shim.md, decision 57). Chunks shrink to
+ * fit a daemon whose max_alloc is below 1024.
  * FAILED_PRECONDITION while some layer lacks K/V for a token already in the sequence (append
  * every layer of the last extend first: kvs_append could never write those tokens
  * afterwards). */

@@ -21,6 +21,8 @@
  *    than max_sessions_per_pid, leave no session and no reference.
  * 9. Limits: a client name over 256 bytes, a batch over KVS_MAX_BATCH; a daemon error's code
  *    name appears once in the message.
+ * 10. A daemon whose max_alloc is below the shim's 1024-page chunk still serves extends of
+ *    more pages than max_alloc.
  *
  * Geometry: itest's (2 layers, 2 KV heads, head_dim 64, 16-token pages).
  */
@@ -812,6 +814,55 @@ static void test_name_and_batch_limits(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* ---- 10. the daemon's request bounds ------------------------------------------------------ */
+
+/* max_alloc (a daemon directive, runtime-mutable, 4096 by default) below the shim's chunk of
+ * 1024 pages: every extend of more than max_alloc pages failed with INVALID_ARGUMENT ("alloc:
+ * count 300, allowed 1..100"), so the engine could not serve a 4800-token prompt at all. */
+static void test_extend_beyond_a_lower_max_alloc(void **state)
+{
+    (void)state;
+    const char *const extra[] = {"--pages_fp8", "1500", "--max_alloc", "100", NULL};
+    itest_kvd_t k;
+    itest_kvd_start(&k, extra);
+    kvs_t *s = shim_open(&k, "max_alloc 100");
+    assert_non_null(s);
+    const size_t n = 300 * PT;
+    uint32_t *tok = malloc((n + 200) * sizeof *tok);
+    assert_non_null(tok);
+    prompt(10, tok, n + 200);
+    kvs_seq_t *q;
+    size_t cached;
+    assert_int_equal(kvs_seq_begin(s, tok, n, &q, &cached), KV_ERR_OK);
+    kv_err_t e = kvs_seq_extend(q, tok, n);
+    if (e != KV_ERR_OK)
+        fail_msg("extend of 300 pages, max_alloc 100: %s (%s)", kv_err_name(e), kvs_errmsg(s));
+    assert_string_equal(kvs_errmsg(s), "");
+    assert_int_equal(kvs_seq_pages(q, NULL, 0), 300);
+    assert_int_equal(itest_stat(&k, "request_refs"), 300);
+    assert_int_equal(fill(q, 0, n, KVS_F32), KV_ERR_OK);
+    /* the next extend starts from the chunk that worked */
+    uint64_t calls = itest_stat(&k, "alloc_calls");
+    assert_int_equal(kvs_seq_extend(q, tok + n, 200), KV_ERR_OK); /* 12.5 pages: 13 */
+    assert_int_equal(kvs_seq_pages(q, NULL, 0), 313);
+    assert_int_equal(itest_stat(&k, "alloc_calls"), calls + 1);
+    /* more than the pool: still refused, and nothing held */
+    kvs_seq_t *q2;
+    assert_int_equal(kvs_seq_begin(s, tok, 3, &q2, &cached), KV_ERR_OK);
+    uint32_t *big = malloc(1600 * PT * sizeof *big);
+    assert_non_null(big);
+    prompt(11, big, 1600 * PT);
+    assert_int_not_equal(kvs_seq_extend(q2, big, 1600 * PT), KV_ERR_OK);
+    assert_int_equal(kvs_seq_pages(q2, NULL, 0), 0);
+    assert_int_equal(itest_stat(&k, "request_refs"), 313);
+    kvs_close(&s);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+    free(big);
+    free(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -826,6 +877,7 @@ int main(void)
         cmocka_unit_test(test_close_waits_one_timeout),
         cmocka_unit_test(test_close_ends_the_session),
         cmocka_unit_test(test_name_and_batch_limits),
+        cmocka_unit_test(test_extend_beyond_a_lower_max_alloc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
