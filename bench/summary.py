@@ -19,7 +19,10 @@ every byte, then a merge kernel) can reach: "80% ms" = bytes / (0.8 x copy), the
 allows; "floor ms" = read ms + merge ms, a plain read of the same bytes followed by the merge
 kernel alone, each timed as a graph of back-to-back calls. When the floor is above the budget,
 no partial kernel, however fast its loop, meets the goal at that shape beside this merge
-kernel: only a shorter merge (or none) could.
+kernel: only a shorter merge (or none) could. "empty" (from empty_kernel_ms, newer runs) = what
+is left of the budget after the read and an empty second kernel: the most a partial kernel's
+own work beyond reading and the merge's own work could take together, by any design of the
+required structure.
 """
 import json
 import sys
@@ -57,7 +60,7 @@ def main(bench_path, sdpa_path):
               f"{r['ms']:8.4f} {r['gbps']:7.0f} {100 * r['gbps'] / copy:5.0f}% "
               f"{fmt(r.get('ms_two_pass'))} {fmt(r.get('ms_partial'))} {fmt(rd)} {pr} "
               f"{fmt(dm)} {sp} {fmt(cold)} {cp}")
-    goal_table(b["attention"], copy)
+    goal_table(b["attention"], copy, b.get("empty_kernel_ms"))
     for r in extra:
         if r.get("sweep") and "ms" in r:
             dm = dense.get((r["B"], r["d"], r["tokens"]))
@@ -69,18 +72,21 @@ def main(bench_path, sdpa_path):
             print("  ", json.dumps(r))
 
 
-def goal_table(rows, copy):
+def goal_table(rows, copy, empty):
     rows = [r for r in rows if r.get("mode") in ("tq3", "mix") and not r.get("sweep")
             and r.get("tokens", 0) >= 32768 and isinstance(r.get("bytes"), int)]
     if not rows:
         return
     print("80% of copy (TQ3, mix, >= 32K): budget, and the floor of partial + merge")
     print(f"{'B':>2} {'d':>4} {'tokens':>7} {'mode':>4} {'ms':>8} {'80% ms':>8} {'read ms':>8} "
-          f"{'merge ms':>8} {'floor ms':>8}  verdict")
+          f"{'merge ms':>8} {'floor ms':>8} {'empty':>6}  verdict")
     for r in rows:
         budget = r["bytes"] / (0.8 * copy * 1e9) * 1e3
         rd, mg = r.get("read_ms"), r.get("ms_merge")
-        floor = rd + mg if isinstance(rd, (int, float)) and isinstance(mg, (int, float)) else None
+        num = (int, float)
+        floor = rd + mg if isinstance(rd, num) and isinstance(mg, num) else None
+        left = budget - rd - empty if isinstance(rd, num) and isinstance(empty, num) else None
+        lf = f"{1e3 * left:5.1f}u" if left is not None else f"{'-':>6}"
         if r["ms"] <= budget:
             verdict = "met"
         elif floor is None:
@@ -91,7 +97,7 @@ def goal_table(rows, copy):
             verdict = f"missed by {1e3 * (r['ms'] - budget):.1f} us; floor leaves " \
                       f"{1e3 * (budget - floor):.1f} us for the rest"
         print(f"{r['B']:>2} {r['d']:>4} {r['tokens']:>7} {r['mode']:>4} {r['ms']:8.4f} "
-              f"{budget:8.4f} {fmt(rd)} {fmt(mg)} {fmt(floor)}  {verdict}")
+              f"{budget:8.4f} {fmt(rd)} {fmt(mg)} {fmt(floor)} {lf}  {verdict}")
 
 
 if __name__ == "__main__":

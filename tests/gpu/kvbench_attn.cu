@@ -16,7 +16,8 @@
  * the merge kernel alone (on the partitions the partial kernel left), "read_ms" = a plain read
  * of the case's byte count (read_stream, the same graph method): how long reading those bytes
  * and nothing else takes at this size, beside the 2 GiB copy ceiling. Rows with
- * "sweep": decode at other split counts at 32K. Env: KVBENCH_LENS=32768,... only those lengths,
+ * "sweep": decode at other split counts at 32K. "empty_kernel_ms": an empty kernel per call of
+ * a graph of 8, as the decode calls are timed (the least a second kernel adds). Env: KVBENCH_LENS=32768,... only those lengths,
  * KVBENCH_SWEEP=0 no sweep, KVBENCH_MODES=tq3,mix only those modes. Built with
  * -DKVK_ATTN_TRACE (with attn.cu) it also prints a
  * per-block timeline summary of one decode call per case ("trace" rows), and with
@@ -118,6 +119,10 @@ __global__ void read_stream(const uint4 *__restrict__ p, uint64_t n, uint32_t *s
     if (acc == 0x9e3779b9u && n == 1)
         *sink = acc;
 }
+
+/* Does nothing: "empty_kernel_ms", the time per kernel of a graph of back-to-back launches,
+ * the least a second kernel (decode's merge) adds to a call (bench/summary.py's floor). */
+__global__ void empty_kernel() {}
 
 /* Separator before the next element of the "attention" list: none before the first (with
  * KVBENCH_LENS filtering out every length the first element is an "op" row). */
@@ -286,6 +291,12 @@ int main(void)
         CK(cudaFree(a));
         CK(cudaFree(b));
     }
+
+    /* ---- the cost of one more kernel in a graph (one block per SM, as the merge's grids) ---- */
+    printf("  \"empty_kernel_ms\": %.5f,\n", graph_per_call_ms(8, [&](int) {
+               empty_kernel<<<prop.multiProcessorCount, 256, 0, st>>>();
+               CK(cudaGetLastError());
+           }));
 
     const Shape shapes[] = {{8, 32, 8, 128}, {2, 24, 4, 256}};
     const uint32_t lens[] = {8192, 32768, 131072};
