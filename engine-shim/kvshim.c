@@ -83,9 +83,10 @@ struct kvs_s {
     char name[KVP_MAX_STRING + 1]; /* the protocol's limit; longer names are refused */
     char err[KVS_ERR_BYTES];
     kvs_seq_t *seqs; /* open sequences, ended by kvs_close */
-    /* The daemon's max_alloc is configurable (and runtime-mutable) but not told at hello, so
-     * a refusal at its request gate shrinks this (kvs_seq_add_pages) */
+    /* The daemon's max_alloc and max_tokens are configurable (and runtime-mutable) but not
+     * told at hello, so a refusal at its request gate shrinks these */
     uint32_t alloc_chunk; /* pages per kvc_alloc_reserve; KVS_ALLOC_CHUNK at first */
+    size_t lookup_pages;  /* most pages a kvs_seq_begin lookup asks for; SIZE_MAX at first */
     /* host scratch */
     kvs_buf_t slots; /* uint32 slot_page[m], slot_idx[m] */
     kvs_buf_t kv;    /* float k[m][kvh][d], v[...] converted from f16 / bf16 */
@@ -290,6 +291,7 @@ kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o)
         return kvs_fail(NULL, KV_ERR_NOMEM, "kvs_open: out of memory");
     snprintf(s->name, sizeof s->name, "%s", o->name ? o->name : "kvshim");
     s->alloc_chunk = KVS_ALLOC_CHUNK;
+    s->lookup_pages = SIZE_MAX;
     kv_err_t hello_err = KV_ERR_TIMEOUT; /* as if unanswered until a hello is sent */
     kv_err_t e = kvc_connect(&s->c, o->endpoint, o->timeout_ms ? o->timeout_ms : 5000);
     if (e != KV_ERR_OK) {
@@ -494,7 +496,16 @@ kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **o
     size_t np = 0;
     if (keep) {
         uint32_t matched = 0;
-        e = kvc_lookup(s->c, tokens, keep * pt, NULL, 0, 0, q->pages, keep, &np, &matched);
+        size_t ask = keep < s->lookup_pages ? keep : s->lookup_pages;
+        e = kvc_lookup(s->c, tokens, ask * pt, NULL, 0, 0, q->pages, ask, &np, &matched);
+        /* A lookup over the daemon's max_tokens (or max_msg_bytes) is refused, INVALID_ARGUMENT
+         * and nothing acquired: every prompt longer than that failed to begin. Reuse is an
+         * optimisation, so look up fewer pages (halving; kept for later begins) and let the
+         * engine compute the rest. */
+        while (e == KV_ERR_INVALID_ARGUMENT && ask > 1) {
+            s->lookup_pages = ask = ask / 2;
+            e = kvc_lookup(s->c, tokens, ask * pt, NULL, 0, 0, q->pages, ask, &np, &matched);
+        }
         if (e != KV_ERR_OK) {
             kvs_fail_kvc(s, e, "kvs_seq_begin: kvc_lookup");
             goto fail_close;

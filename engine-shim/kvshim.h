@@ -110,7 +110,8 @@ const kv_geom_t *kvs_geom(const kvs_t *s);
 int kvs_on_device(const kvs_t *s); /* 1: tensors are device pointers */
 
 /* tokens[n]: the prompt. *cached: tokens covered by the acquired prefix (a multiple of
- * page_tokens, ≤ n; the engine computes K/V only from there). */
+ * page_tokens, ≤ n; the engine computes K/V only from there). A prompt longer than the
+ * daemon's max_tokens is looked up in part (docs/engine-shim.md, "Sequences and sealing"). */
 kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **out,
                        size_t *cached);
 /* Make room for m more tokens (their ids: appended to the sequence's token list). All or

@@ -22,7 +22,8 @@
  * 9. Limits: a client name over 256 bytes, a batch over KVS_MAX_BATCH; a daemon error's code
  *    name appears once in the message.
  * 10. A daemon whose max_alloc is below the shim's 1024-page chunk still serves extends of
- *    more pages than max_alloc.
+ *    more pages than max_alloc; one whose max_tokens is below a prompt still begins it, reusing
+ *    the prefix its lookups can cover.
  *
  * Geometry: itest's (2 layers, 2 KV heads, head_dim 64, 16-token pages).
  */
@@ -863,6 +864,48 @@ static void test_extend_beyond_a_lower_max_alloc(void **state)
     free(tok);
 }
 
+/* max_tokens (the most tokens one lookup may carry; 1 048 576 by default, runtime-mutable)
+ * below a prompt: kvs_seq_begin failed with INVALID_ARGUMENT ("lookup: 288 tokens, max 100"),
+ * so the engine could not serve a prompt longer than that at all, cached or not. */
+static void test_begin_beyond_a_lower_max_tokens(void **state)
+{
+    (void)state;
+    const char *const extra[] = {"--max_tokens", "100", NULL};
+    itest_kvd_t k;
+    itest_kvd_start(&k, extra);
+    kvs_t *s = shim_open(&k, "max_tokens 100");
+    assert_non_null(s);
+    enum { N = 300 }; /* 18 whole pages before the last token */
+    uint32_t tok[N];
+    prompt(12, tok, N);
+    kvs_seq_t *q;
+    size_t cached = 99;
+    kv_err_t e = kvs_seq_begin(s, tok, N, &q, &cached);
+    if (e != KV_ERR_OK)
+        fail_msg("begin of %d tokens, max_tokens 100: %s (%s)", N, kv_err_name(e), kvs_errmsg(s));
+    assert_int_equal(cached, 0);
+    assert_int_equal(kvs_seq_extend(q, tok, N), KV_ERR_OK);
+    assert_int_equal(fill(q, 0, N, KVS_F32), KV_ERR_OK);
+    assert_int_equal(kvs_seq_commit(q), KV_ERR_OK);
+    assert_int_equal(kvs_seq_end(&q), KV_ERR_OK);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 18);
+    /* the same prompt again: the lookup covers what the daemon takes (18 → 9 → 4 pages, 64
+     * tokens), and the rest is computed as for a miss */
+    assert_int_equal(kvs_seq_begin(s, tok, N, &q, &cached), KV_ERR_OK);
+    assert_string_equal(kvs_errmsg(s), "");
+    assert_int_equal(cached, 4 * PT);
+    assert_int_equal(kvs_seq_extend(q, tok + cached, N - cached), KV_ERR_OK);
+    assert_int_equal(fill(q, cached, N - cached, KVS_F32), KV_ERR_OK);
+    assert_int_equal(kvs_seq_commit(q), KV_ERR_OK); /* pages 4..17 deduplicate */
+    float out[OUTN];
+    assert_int_equal(attend(s, q, out), KV_ERR_OK);
+    assert_int_equal(itest_stat(&k, "cache_entries"), 18);
+    kvs_close(&s);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -878,6 +921,7 @@ int main(void)
         cmocka_unit_test(test_close_ends_the_session),
         cmocka_unit_test(test_name_and_batch_limits),
         cmocka_unit_test(test_extend_beyond_a_lower_max_alloc),
+        cmocka_unit_test(test_begin_beyond_a_lower_max_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
