@@ -898,7 +898,14 @@ kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t l
             snprintf(what, sizeof what, "seqs[%zu] is ", i);
             return kvs_seq_refuse_lost(q, "kvs_attention", what);
         }
-        if (q->ntok == 0 || q->written[layer] < q->ntok)
+        /* an empty sequence read "has K/V of layer 0 for 0 of its 0 tokens": say what is
+         * missing, its tokens */
+        if (q->ntok == 0)
+            return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                            "kvs_attention: seqs[%zu] is empty (no token cached or extended "
+                            "yet): kvs_seq_extend and kvs_append first",
+                            i);
+        if (q->written[layer] < q->ntok)
             return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
                             "kvs_attention: seqs[%zu] has K/V of layer %u for %zu of its %zu "
                             "tokens; kvs_append first",

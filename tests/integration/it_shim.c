@@ -340,6 +340,10 @@ static void test_bad_arguments(void **state)
     assert_null(q);
     assert_int_equal(kvs_seq_begin(s, tok, 20, &q, &cached), KV_ERR_OK);
     assert_string_equal(kvs_errmsg(s), "");
+    float qv[QH * HD] = {0}, out[QH * HD];
+    /* nothing cached, nothing extended: said as such, not "K/V for 0 of its 0 tokens" */
+    expect(kvs_attention(s, &q, 1, 0, QH, qv, 0, out), PRE, s,
+           "seqs[0] is empty (no token cached or extended yet)");
     expect(kvs_seq_extend(q, NULL, 3), INV, s, "tokens");
     expect(kvs_seq_extend(q, tok, 0), INV, s, "m is 0");
     float kv[21 * ROW] = {0};
@@ -350,7 +354,6 @@ static void test_bad_arguments(void **state)
     expect(kvs_append(q, 0, kv, kv, KVS_F32, 21), INV, s, "m = 21");
     expect(kvs_append(q, 0, NULL, kv, KVS_F32, 20), INV, s, "k is NULL");
     expect(kvs_append(q, 0, kv, NULL, KVS_F32, 20), INV, s, "v is NULL");
-    float qv[QH * HD] = {0}, out[QH * HD];
     expect(kvs_attention(s, &q, 1, 0, QH, qv, 0, out), PRE, s, "kvs_append first");
     expect(kvs_seq_commit(q), PRE, s, "layer 0");
     assert_int_equal(fill(q, 0, 20, KVS_F32), KV_ERR_OK);
