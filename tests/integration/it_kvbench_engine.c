@@ -35,6 +35,11 @@
  *    "ok" is false, the wall times are null, and the daemon is left clean.
  * 8. Every worker ready, then dead before kvbench wrote go: that write raised SIGPIPE, which
  *    killed kvbench (no JSON, its TMPDIR left). Now it fails the run naming the signal.
+ * 9. A pool that needs recycling (40 FP8 pages, 30 requests of 5 pages, W 1): worker 0's
+ *    reference mapping, a session that made no call after its hello, held back the recycling of
+ *    every page released after it, and the run failed with RESOURCE_EXHAUSTED at request 8
+ *    ("min reported 1"). Now the reference reports after each check and ends after the first
+ *    request, and the run completes.
  * Every `kvbench engine` JSON read here must parse (assert_json), failed runs' too: a consumer
  * reads it as a whole.
  */
@@ -832,6 +837,29 @@ static void test_engine_workers_dead_before_go_no_sigpipe(void **state)
     run_dirs_clean(tmp, log);
 }
 
+static void test_engine_reference_does_not_hold_back_recycling(void **state)
+{
+    (void)state;
+    static char out[OUT_CAP];
+    /* 32 + 40 + 2 tokens: 4 sealed pages per request (2 of them the shared prefix) and a
+     * partial one; 30 requests cache 62 pages in a pool of 40, so entries must be evicted and
+     * released pages recycled, which waits for every session's epoch report */
+    const char *args[] = {"--kvd",      KVD_BIN, "--workers", "1",  "--requests", "30",
+                          "--prefix",   "32",    "--suffix",  "40", "--decode",   "2",
+                          "--pages-fp8", "40",   NULL};
+    int rc = run_bench(out, args);
+    const char *j = strchr(out, '{');
+    assert_json(j);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(j, "\"ok\": true,\n  \"error\": \"\","));
+    assert_int_equal((int)jtop(j, "requests"), 30);
+    assert_int_equal((int)jnum(j, "alloc_exhausted"), 0);
+    assert_true(jnum(j, "evictions_pressure") > 0); /* the run did need the recycling */
+    const char *ck = strstr(j, "\"check\":");
+    assert_non_null(ck);
+    assert_int_equal((int)jnum(ck, "checks"), 2);
+}
+
 static void test_rpc_sigterm_cleans_up(void **state)
 {
     (void)state;
@@ -884,6 +912,7 @@ int main(void)
         cmocka_unit_test(test_engine_workers_killed_say_how),
         cmocka_unit_test(test_engine_worker_dead_before_start_does_not_hang),
         cmocka_unit_test(test_engine_workers_dead_before_go_no_sigpipe),
+        cmocka_unit_test(test_engine_reference_does_not_hold_back_recycling),
         cmocka_unit_test(test_rpc_sigterm_cleans_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
