@@ -32,11 +32,17 @@ def fmt(v, w=8, p=4):
     return f"{v:{w}.{p}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"
 
 
+def keys(r):
+    """a row's shape, fully and as (B, d, tokens): sweep rows of older runs carry no heads"""
+    return [(r["B"], r.get("q_heads"), r.get("kv_heads"), r["d"], r["tokens"]),
+            (r["B"], r["d"], r["tokens"])]
+
+
 def main(bench_path, sdpa_path):
     b = json.load(open(bench_path))
     try:
         s = json.load(open(sdpa_path))
-        dense = {(r["B"], r["d"], r["tokens"]): r["ms"] for r in s["sdpa_bf16"]}
+        dense = {k: r["ms"] for r in s["sdpa_bf16"] for k in keys(r)}
     except (OSError, ValueError, KeyError):
         dense = {}
     copy = b["copy_d2d"]["gbps"]
@@ -49,7 +55,7 @@ def main(bench_path, sdpa_path):
         if "mode" not in r or r.get("sweep"):
             extra.append(r)
             continue
-        dm = dense.get((r["B"], r["d"], r["tokens"]))
+        dm = next((dense[k] for k in keys(r) if k in dense), None)
         sp = f"{dm / r['ms']:7.2f}" if dm else "      -"
         rd = r.get("read_ms")
         pr = f"{100 * rd / r['ms']:4.0f}%" if rd else "    -"
@@ -63,7 +69,7 @@ def main(bench_path, sdpa_path):
     goal_table(b["attention"], copy, b.get("empty_kernel_ms"))
     for r in extra:
         if r.get("sweep") and "ms" in r:
-            dm = dense.get((r["B"], r["d"], r["tokens"]))
+            dm = next((dense[k] for k in keys(r) if k in dense), None)
             sp = f"{dm / r['ms']:6.2f}" if dm else "     -"
             print(f"sweep {r['B']:>2} {r['d']:>4} {r['tokens']:>7} {r['mode']:>4} "
                   f"splits {r['splits']:>3} {r['ms']:8.4f} ms {100 * r['gbps'] / copy:5.0f}% "

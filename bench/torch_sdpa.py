@@ -4,9 +4,12 @@ shapes of tests/gpu/kvbench_attn.cu (one query token, GQA). Prints JSON on stdou
 
 bytes = K and V read once in BF16: 2 * B * kv_heads * L * d * 2. Each sample is a CUDA graph of
 8 calls on 8 different K/V buffers where memory allows (so that small cases are not served from
-L2); median of 9 samples, after SDPA_WARM_MS (default 20) of warm-up replays."""
+L2); median of 9 samples, after SDPA_WARM_MS (default 20) of warm-up replays. Shapes and lengths
+as kvbench_attn's: KVBENCH_SHAPES=B:q_heads:kv_heads:d,... and KVBENCH_LENS=N,... (unset: the
+issue's two shapes at 8K, 32K, 128K)."""
 import json
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -63,10 +66,35 @@ def bench(B, H, KVH, D, L):
             "sets": sets, "ms": ms, "gbps": kv_bytes / (ms * 1e6)}
 
 
+def env_list(name, default, parse):
+    """KVBENCH_SHAPES / KVBENCH_LENS as kvbench_attn reads them; a bad value is a usage error"""
+    v = os.environ.get(name, "")
+    if not v:
+        return default
+    try:
+        return [parse(x) for x in v.split(",")]
+    except ValueError as e:
+        sys.exit(f"torch_sdpa.py: {name}={v}: {e}")
+
+
+def shape(x):
+    f = [int(y) for y in x.split(":")]
+    if len(f) != 4 or min(f) < 1 or f[1] % f[2] or f[3] not in (64, 128, 256):
+        raise ValueError("want B:q_heads:kv_heads:head_dim,... (head_dim 64, 128 or 256)")
+    return tuple(f)
+
+
+def length(x):
+    n = int(x)
+    if n < 16 or n % 16:
+        raise ValueError("want token counts, multiples of 16")
+    return n
+
+
 def main():
     rows = []
-    for (B, H, KVH, D) in [(8, 32, 8, 128), (2, 24, 4, 256)]:
-        for L in [8192, 32768, 131072]:
+    for (B, H, KVH, D) in env_list("KVBENCH_SHAPES", [(8, 32, 8, 128), (2, 24, 4, 256)], shape):
+        for L in env_list("KVBENCH_LENS", [8192, 32768, 131072], length):
             rows.append(bench(B, H, KVH, D, L))
     print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name(0),
                       "sdpa_bf16": rows}, indent=1))

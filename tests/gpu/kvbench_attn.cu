@@ -16,13 +16,15 @@
  * the merge kernel alone (on the partitions the partial kernel left), "read_ms" = a plain read
  * of the case's byte count (read_stream, the same graph method): how long reading those bytes
  * and nothing else takes at this size, beside the 2 GiB copy ceiling. Rows with
- * "sweep": decode at other split counts at 32K. "empty_kernel_ms": an empty kernel per call of
- * a graph of 8, as the decode calls are timed (the least a second kernel adds). Env: KVBENCH_LENS=32768,... only those lengths,
- * KVBENCH_SWEEP=0 no sweep, KVBENCH_MODES=tq3,mix only those modes. Built with
- * -DKVK_ATTN_TRACE (with attn.cu) it also prints a
- * per-block timeline summary of one decode call per case ("trace" rows), and with
- * KVBENCH_TRACE_DUMP=dir writes every block's raw records (start/end ns, SM id) to
- * dir/<case>.bin for offline analysis (docs/perf.md, "Where the ragged end comes from").
+ * "sweep": decode at other split counts at 32K. "empty_kernel_ms": an empty kernel per call
+ * of a graph of 8, as the decode calls are timed (the least a second kernel adds).
+ * Env: KVBENCH_SHAPES=B:q_heads:kv_heads:d,... other shapes (say serving batches;
+ * bench/torch_sdpa.py reads the same variable and KVBENCH_LENS), KVBENCH_LENS=N,... other
+ * lengths (multiples of 16), KVBENCH_SWEEP=0 no sweep, KVBENCH_MODES=tq3,mix only those modes.
+ * Built with -DKVK_ATTN_TRACE (with attn.cu) it also prints a per-block timeline summary of
+ * one decode call per case ("trace" rows), and with KVBENCH_TRACE_DUMP=dir writes every
+ * block's raw records (start/end ns, SM id) to dir/<case>.bin for offline analysis
+ * (docs/perf.md, "Where the ragged end comes from").
  * Pages hold valid random codes (no NaN codes): timings on zeros would flatter.
  * KVBENCH_COLD_MB=N adds "cold_mb" and "ms_cold" to each row: decode after a plain read of N
  * MB before every call (graph of reps × (read, decode) minus a graph of reps × read, per call),
@@ -42,7 +44,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <string>
 #include <vector>
 
 #define CK(call)                                                                                   \
@@ -200,6 +201,61 @@ struct Shape {
     uint32_t B, H, KVH, D;
 };
 
+[[noreturn]] static void usage_error(const char *var, const char *val, const char *want)
+{
+    fprintf(stderr, "kvbench_attn: %s=%s: %s\n", var, val, want);
+    exit(1);
+}
+
+/* one whole number of `s` up to a separator in `seps` (or the end), at most max */
+static uint32_t parse_u32(const char *&s, const char *seps, uint32_t max, bool &ok)
+{
+    char *end;
+    const unsigned long v = strtoul(s, &end, 10);
+    ok = ok && end != s && *s >= '0' && *s <= '9' && v <= max && (!*end || strchr(seps, *end));
+    s = *end ? end + 1 : end;
+    return (uint32_t)v;
+}
+
+/* KVBENCH_SHAPES=B:H:KVH:D,... (unset: the issue's two). Checked here, so that a typo is a
+ * usage error, not a launcher's EINVAL halfway through a run. */
+static std::vector<Shape> parse_shapes(const char *env)
+{
+    if (!env || !*env)
+        return {{8, 32, 8, 128}, {2, 24, 4, 256}};
+    std::vector<Shape> v;
+    for (const char *s = env; *s;) {
+        bool ok = true;
+        Shape S;
+        S.B = parse_u32(s, ":", 4096, ok);
+        S.H = parse_u32(s, ":", 1024, ok);
+        S.KVH = parse_u32(s, ":", 1024, ok);
+        S.D = parse_u32(s, ",", 256, ok);
+        if (!ok || !S.B || !S.H || !S.KVH || S.H % S.KVH || (S.D != 64 && S.D != 128 && S.D != 256))
+            usage_error("KVBENCH_SHAPES", env,
+                        "want B:q_heads:kv_heads:head_dim,... (q_heads a multiple of kv_heads, "
+                        "head_dim 64, 128 or 256)");
+        v.push_back(S);
+    }
+    return v;
+}
+
+/* KVBENCH_LENS=N,... tokens per sequence (unset: 8192, 32768, 131072), multiples of 16 */
+static std::vector<uint32_t> parse_lens(const char *env)
+{
+    if (!env || !*env)
+        return {8192, 32768, 131072};
+    std::vector<uint32_t> v;
+    for (const char *s = env; *s;) {
+        bool ok = true;
+        const uint32_t L = parse_u32(s, ",", 1u << 20, ok);
+        if (!ok || L == 0 || L % 16)
+            usage_error("KVBENCH_LENS", env, "want token counts, multiples of 16 up to 2^20");
+        v.push_back(L);
+    }
+    return v;
+}
+
 int main(void)
 {
     /* KVBENCH_COLD_MB: a whole number of MB, 0 or empty = off; anything else (a negative or
@@ -215,6 +271,10 @@ int main(void)
         }
         cold_bytes = (size_t)mb << 20;
     }
+    /* usage errors before the GPU is touched */
+    const std::vector<Shape> shapes = parse_shapes(getenv("KVBENCH_SHAPES"));
+    const std::vector<uint32_t> lens = parse_lens(getenv("KVBENCH_LENS"));
+    const uint32_t max_len = *std::max_element(lens.begin(), lens.end());
     KCK(kvk_cuda_init());
     /* session 9: without it the first case measured (8K all-FP8) came out ~10% slow, at the
      * clocks of a GPU that had been idle (0.0490 vs 0.0443 ms with 50 ms; later cases equal) */
@@ -298,14 +358,12 @@ int main(void)
                CK(cudaGetLastError());
            }));
 
-    const Shape shapes[] = {{8, 32, 8, 128}, {2, 24, 4, 256}};
-    const uint32_t lens[] = {8192, 32768, 131072};
     const char *modes[] = {"fp8", "tq3", "mix"};
     printf("  \"attention\": [\n");
     for (const Shape &S : shapes) {
         kv_geom_t g = {1, S.KVH, S.D, 16, 0x5eed};
         const uint64_t pb8 = kv_page_bytes(&g, KV_FMT_FP8), pbt = kv_page_bytes(&g, KV_FMT_TQ3);
-        const uint32_t maxpages = S.B * (lens[2] / 16);
+        const uint32_t maxpages = S.B * (max_len / 16);
         uint8_t *p8, *pt;
         CK(cudaMalloc(&p8, maxpages * pb8));
         CK(cudaMalloc(&pt, maxpages * pbt));
@@ -331,11 +389,6 @@ int main(void)
         CK(cudaMemcpy(ddir, dir.data(), dir.size() * 8, cudaMemcpyHostToDevice));
 
         for (uint32_t L : lens) {
-            /* KVBENCH_LENS=32768,...: only these lengths (quick A/B runs); KVBENCH_SWEEP=0: no
-             * split sweep */
-            const char *only = getenv("KVBENCH_LENS");
-            if (only && !strstr(only, std::to_string(L).c_str()))
-                continue;
             const uint32_t np = L / 16, need = S.B * np;
             const uint32_t sets = std::min<uint32_t>(8, maxpages / need);
             const uint32_t splits = kvk_cuda_attn_suggest_splits(S.B, S.KVH, S.H, S.D, np,
@@ -494,11 +547,12 @@ int main(void)
                         void *w2;
                         CK(cudaMalloc(&w2, wn));
                         const float t1 = timed(0, ns, w2, wn);
-                        printf("%s    {\"sweep\": 1, \"B\": %u, \"d\": %u, \"tokens\": %u, "
+                        printf("%s    {\"sweep\": 1, \"B\": %u, \"q_heads\": %u, "
+                               "\"kv_heads\": %u, \"d\": %u, \"tokens\": %u, "
                                "\"mode\": \"%s\", \"splits\": %u, \"bytes\": %llu, "
                                "\"ms\": %.5f, \"gbps\": %.1f}",
-                               sep(), S.B, S.D, L, modes[mode], ns, (unsigned long long)bytes, t1,
-                               bytes / (t1 * 1e6));
+                               sep(), S.B, S.H, S.KVH, S.D, L, modes[mode], ns,
+                               (unsigned long long)bytes, t1, bytes / (t1 * 1e6));
                         CK(cudaFree(w2));
                     }
                 }
