@@ -704,7 +704,12 @@ static int bench_rpc(int argc, char **argv)
  * since it cannot be ok: the go pipe is closed without a byte, and each other worker fails at
  * its barrier with the reason (shared memory, stop_why) and closes its shim, so its daemon
  * session ends with goodbye. The test hook KVBENCH_TEST_DIE_BEFORE_READY=W makes worker W kill
- * itself (SIGKILL, shim open) just before its ready byte (it_kvbench_engine).
+ * itself (SIGKILL, shim open) just before its ready byte (it_kvbench_engine). A worker that
+ * hangs before its byte (a daemon that accepts and never answers, a stuck device) held the
+ * barrier for ever: after --ready-timeout seconds (default 300) kvbench calls the run off and
+ * kills the workers not ready (KVBENCH_TEST_HANG_BEFORE_READY=W: worker W waits for ever
+ * there). Each worker marks itself ready in shared memory before its byte, so that one which
+ * dies at the barrier after it is not reported "before it was ready".
  *
  * Self-check: every attention output must be finite; on host pools, every decode attention of
  * worker 0's first request is compared with the float64 reference kv_attn_reference over the same
@@ -719,12 +724,16 @@ static int bench_rpc(int argc, char **argv)
 #define ENG_REF_TOL      1e-4
 #define ENG_MAX_KVD_OPTS 16
 #define ENG_WHY_CAP      512 /* why the run was called off at the start barrier */
+/* default --ready-timeout: kvs_open and the reference mapping wait up to 60 s each on a daemon
+ * that is slow */
+#define ENG_READY_TIMEOUT_S 300u
 
 typedef struct eng_opts_s {
     const char *ep_arg, *kvd, *backend;
     uint32_t workers, requests, prefix, suffix, decode;
     uint32_t layers, kv_heads, head_dim, page_tokens, q_heads;
     uint32_t pages_fp8, pages_tq3;                /* 0: sized from the workload */
+    uint32_t ready_timeout_s;                     /* start barrier bound */
     int lifecycle_ms, recent_pages, anchor_pages; /* -1: the daemon's default */
     int attn_all;
     uint64_t seed;
@@ -735,6 +744,7 @@ typedef struct eng_opts_s {
 /* One worker's results, in the shared region (written by the worker only). */
 typedef struct eng_wres_s {
     int done, failed;
+    int ready; /* set before its ready byte is written */
     char err[512];
     int on_device;
     uint64_t requests, prompt_tokens, cached_tokens, prefill_tokens, decode_steps;
@@ -890,6 +900,37 @@ static void eng_worker_ended(eng_wres_t *r, int ws, const char *when, const char
              gone_why ? gone_why : "");
 }
 
+/* When a worker that ended at the start barrier ended: its ready byte is anonymous, so the
+ * flag it set before the byte says which (one that died waiting for go read "before it was
+ * ready"). */
+static const char *eng_barrier_when(const eng_wres_t *r)
+{
+    return r->ready ? "at the start barrier, after it was ready" : "before it was ready";
+}
+
+/* SIGKILL to the workers still running and not ready after --ready-timeout (they cannot stop at
+ * the barrier: they never read go), each one's error saying so; who: "worker 1, 3". Returns
+ * how many. */
+static uint32_t eng_kill_unready(const eng_opts_t *o, eng_shared_t *sh, const pid_t *pids,
+                                 char *who, size_t cap)
+{
+    uint32_t n = 0;
+    size_t at = 0;
+    who[0] = '\0';
+    for (uint32_t w = 0; w < o->workers; w++) {
+        if (pids[w] <= 0 || sh->w[w].ready || sh->w[w].failed || sh->w[w].err[0])
+            continue;
+        snprintf(sh->w[w].err, sizeof sh->w[w].err,
+                 "killed by kvbench (SIGKILL): not ready after %u s (--ready-timeout)",
+                 o->ready_timeout_s);
+        kill(pids[w], SIGKILL);
+        if (at < cap)
+            at += (size_t)snprintf(who + at, cap - at, "%s%u", n ? ", " : "worker ", w);
+        n++;
+    }
+    return n;
+}
+
 static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_shared_t *sh,
                       int ready_fd, int go_fd)
 {
@@ -950,6 +991,11 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
     const char *die = getenv("KVBENCH_TEST_DIE_BEFORE_READY");
     if (die && die[0] && strtoul(die, NULL, 10) == w)
         raise(SIGKILL);
+    const char *hang = getenv("KVBENCH_TEST_HANG_BEFORE_READY");
+    if (hang && hang[0] && strtoul(hang, NULL, 10) == w)
+        for (;;)
+            pause();
+    res->ready = 1;
     char c = 'r';
     if (write(ready_fd, &c, 1) != 1)
         EW_FAIL("start barrier: writing the ready byte: %s", strerror(errno));
@@ -1245,7 +1291,10 @@ static void eng_usage(FILE *f)
            "  --recent-pages N --anchor-pages N\n"
            "                       the lifecycle's Recent window and Anchor sinks\n"
            "  --kvd-opt KEY=VALUE  any other directive for the daemon it starts (repeatable)\n"
-           "  --seed S             token and K/V seed (default 1)\n");
+           "  --seed S             token and K/V seed (default 1)\n"
+           "  --ready-timeout S    seconds to wait for every worker to open its shim; then the\n"
+           "                       run is called off and the workers not ready are killed\n"
+           "                       (default 300)\n");
 }
 
 static int eng_u32(const char *a, uint32_t *v)
@@ -1312,6 +1361,7 @@ static int bench_engine(int argc, char **argv)
                     .lifecycle_ms = -1,
                     .recent_pages = -1,
                     .anchor_pages = -1,
+                    .ready_timeout_s = ENG_READY_TIMEOUT_S,
                     .seed = 1};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1320,12 +1370,19 @@ static int bench_engine(int argc, char **argv)
             size_t off;
         } u32s[] = {
 #define EO_(n, f) {n, offsetof(eng_opts_t, f)}
-            EO_("--workers", workers),         EO_("--requests", requests),
-            EO_("--prefix", prefix),           EO_("--suffix", suffix),
-            EO_("--decode", decode),           EO_("--layers", layers),
-            EO_("--kv-heads", kv_heads),       EO_("--head-dim", head_dim),
-            EO_("--page-tokens", page_tokens), EO_("--q-heads", q_heads),
-            EO_("--pages-fp8", pages_fp8),     EO_("--pages-tq3", pages_tq3),
+            EO_("--workers", workers),
+            EO_("--requests", requests),
+            EO_("--prefix", prefix),
+            EO_("--suffix", suffix),
+            EO_("--decode", decode),
+            EO_("--layers", layers),
+            EO_("--kv-heads", kv_heads),
+            EO_("--head-dim", head_dim),
+            EO_("--page-tokens", page_tokens),
+            EO_("--q-heads", q_heads),
+            EO_("--pages-fp8", pages_fp8),
+            EO_("--pages-tq3", pages_tq3),
+            EO_("--ready-timeout", ready_timeout_s),
 #undef EO_
         };
         int matched = 0;
@@ -1375,8 +1432,10 @@ static int bench_engine(int argc, char **argv)
             return 2;
         }
     }
-    if (o.workers < 1 || o.requests < 1 || o.suffix < 1 || o.workers > 1024) {
-        fprintf(stderr, "kvbench engine: need 1 <= workers <= 1024, requests >= 1, suffix >= 1\n");
+    if (o.workers < 1 || o.requests < 1 || o.suffix < 1 || o.workers > 1024 ||
+        o.ready_timeout_s < 1) {
+        fprintf(stderr, "kvbench engine: need 1 <= workers <= 1024, requests >= 1, suffix >= 1, "
+                        "ready-timeout >= 1\n");
         return 2;
     }
     if (strcmp(o.backend, "host") && strcmp(o.backend, "cuda")) {
@@ -1509,6 +1568,12 @@ static int bench_engine(int argc, char **argv)
                 "kvbench engine: KVBENCH_TEST_DIE_BEFORE_READY=%s: test hook, that worker kills "
                 "itself before the start barrier\n",
                 die_w);
+    const char *hang_w = getenv("KVBENCH_TEST_HANG_BEFORE_READY");
+    if (hang_w && hang_w[0])
+        fprintf(stderr,
+                "kvbench engine: KVBENCH_TEST_HANG_BEFORE_READY=%s: test hook, that worker "
+                "waits for ever before the start barrier\n",
+                hang_w);
     for (uint32_t w = 0; w < o.workers; w++) {
         pids[w] = fork();
         if (pids[w] < 0)
@@ -1536,6 +1601,7 @@ static int bench_engine(int argc, char **argv)
     uint32_t nready = 0;
     int left = (int)o.workers, bad_exit = 0;
     char *stop_why = sh.stop_why;
+    const int64_t t_barrier = now_ns();
     while (nready < o.workers && !stop_why[0]) {
         struct pollfd pf = {.fd = ready[0], .events = POLLIN};
         char b[64];
@@ -1561,9 +1627,17 @@ static int bench_engine(int argc, char **argv)
                          sh.w[w].err);
             else if (!pids[w]) {
                 char how[128];
-                eng_ended_how(wstat[w], "before it was ready", how, sizeof how);
+                eng_ended_how(wstat[w], eng_barrier_when(&sh.w[w]), how, sizeof how);
                 snprintf(stop_why, ENG_WHY_CAP, "worker %u %s", w, how);
             }
+        }
+        /* A worker hung before its byte held the barrier, and kvbench, for ever. */
+        if (!stop_why[0] && now_ns() - t_barrier > (int64_t)o.ready_timeout_s * 1000000000) {
+            char who[ENG_WHY_CAP / 2];
+            if (eng_kill_unready(&o, &sh, pids, who, sizeof who))
+                snprintf(stop_why, ENG_WHY_CAP,
+                         "%.200s not ready after %u s (--ready-timeout): killed", who,
+                         o.ready_timeout_s);
         }
     }
     /* 2 s per poll, not 30: a daemon that went away is noticed after one of them */
@@ -1598,6 +1672,12 @@ static int bench_engine(int argc, char **argv)
                      "the daemon at %.120s went away during the run: %.400s", ep, why);
             fprintf(stderr, "kvbench engine: %s\n", gone_why);
             gone = 1;
+        }
+        /* a run called off for another reason waits for its workers to stop at the barrier:
+         * one hung before it never does */
+        if (!started && now_ns() - t_barrier > (int64_t)o.ready_timeout_s * 1000000000) {
+            char who[ENG_WHY_CAP / 2];
+            eng_kill_unready(&o, &sh, pids, who, sizeof who);
         }
         if (gone == 1) {
             for (uint32_t w = 0; w < o.workers; w++)
@@ -1646,7 +1726,8 @@ static int bench_engine(int argc, char **argv)
      * here (the daemon went away), or by a signal of its own (a crash), or that exited without
      * writing one, showed "error": "" in the JSON. */
     for (uint32_t w = 0; w < o.workers; w++)
-        eng_worker_ended(&sh.w[w], wstat[w], started ? "before it finished" : "before it was ready",
+        eng_worker_ended(&sh.w[w], wstat[w],
+                         started ? "before it finished" : eng_barrier_when(&sh.w[w]),
                          gone ? gone_why : NULL);
 
     /* ---- aggregate ---- */

@@ -40,6 +40,10 @@
  *    every page released after it, and the run failed with RESOURCE_EXHAUSTED at request 8
  *    ("min reported 1"). Now the reference reports after each check and ends after the first
  *    request, and the run completes.
+ * 10. A worker hung before the start barrier (test hook KVBENCH_TEST_HANG_BEFORE_READY) held
+ *    kvbench for ever; now --ready-timeout calls the run off and kills it. A worker killed at
+ *    the barrier after its ready byte, while another was not ready, was reported "before it
+ *    was ready"; now "at the start barrier, after it was ready".
  * Every `kvbench engine` JSON read here must parse (assert_json), failed runs' too: a consumer
  * reads it as a whole.
  */
@@ -844,9 +848,9 @@ static void test_engine_reference_does_not_hold_back_recycling(void **state)
     /* 32 + 40 + 2 tokens: 4 sealed pages per request (2 of them the shared prefix) and a
      * partial one; 30 requests cache 62 pages in a pool of 40, so entries must be evicted and
      * released pages recycled, which waits for every session's epoch report */
-    const char *args[] = {"--kvd",      KVD_BIN, "--workers", "1",  "--requests", "30",
-                          "--prefix",   "32",    "--suffix",  "40", "--decode",   "2",
-                          "--pages-fp8", "40",   NULL};
+    const char *args[] = {"--kvd",    KVD_BIN,    "--workers",   "1",        "--requests",
+                          "30",       "--prefix", "32",          "--suffix", "40",
+                          "--decode", "2",        "--pages-fp8", "40",       NULL};
     int rc = run_bench(out, args);
     const char *j = strchr(out, '{');
     assert_json(j);
@@ -858,6 +862,127 @@ static void test_engine_reference_does_not_hold_back_recycling(void **state)
     const char *ck = strstr(j, "\"check\":");
     assert_non_null(ck);
     assert_int_equal((int)jnum(ck, "checks"), 2);
+}
+
+/* kvbench engine --endpoint on k, W 2, worker 1 hung before its ready byte, --ready-timeout
+ * `timeout`: its pid, its output going to log */
+static pid_t spawn_with_hung_worker(const itest_kvd_t *k, const char *timeout, const char *log,
+                                    const char *tmp)
+{
+    const char *argv[] = {
+        KVBENCH_BIN, "engine",   "--endpoint", k->endpoint,       "--workers", "2", "--requests",
+        "1",         "--decode", "1",          "--ready-timeout", timeout,     NULL};
+    setenv("KVBENCH_TEST_HANG_BEFORE_READY", "1", 1);
+    pid_t pid = spawn_logged(argv, log, tmp);
+    unsetenv("KVBENCH_TEST_HANG_BEFORE_READY");
+    return pid;
+}
+
+/* The run's JSON in out (from log) after kvbench exited 1; its "error" must be `why`, worker
+ * 0's error `err0` and worker 1's `err1`; no wall time; the daemon left clean. */
+static void check_called_off(itest_kvd_t *k, int st, const char *log, const char *tmp,
+                             const char *why, const char *err0, const char *err1)
+{
+    static char out[OUT_CAP];
+    read_file(log, out, sizeof out);
+    const char *j = strchr(out, '{');
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !j)
+        fail_msg("kvbench engine with a hung worker: status %d:\n%s", st, out);
+    assert_json(j);
+    char want[512];
+    snprintf(want, sizeof want,
+             "\"ok\": false,\n  \"error\": \"the run was called off at the start barrier: %s\"",
+             why);
+    if (!strstr(j, want) || !strstr(j, "\"wall_s\": null,"))
+        fail_msg("want %s and a null wall time:\n%s", want, out);
+    for (unsigned w = 0; w < 2; w++) {
+        char err[600];
+        int ok;
+        jworker_error(j, w, &ok, err, sizeof err);
+        if (ok || strcmp(err, w ? err1 : err0))
+            fail_msg("worker %u: ok %d, error '%s', want '%s':\n%s", w, ok, err, w ? err1 : err0,
+                     out);
+    }
+    assert_true(itest_wait_stat(k, "sessions_closed", itest_stat(k, "sessions_opened"), 20000) >=
+                0);
+    assert_true(itest_wait_stat(k, "request_refs", 0, 20000) >= 0);
+    itest_assert_check(k);
+    assert_int_equal(itest_kvd_stop(k), 0);
+    run_dirs_clean(tmp, log);
+}
+
+static void test_engine_worker_hung_before_start_times_out(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    char tmp[256], log[300];
+    kvd_and_run_dirs(&k, tmp, sizeof tmp, log, sizeof log);
+    pid_t pid = spawn_with_hung_worker(&k, "2", log, tmp);
+    int st = wait_within(pid, 30000000, "kvbench engine with a worker hung before the start");
+    const char *why = "worker 1 not ready after 2 s (--ready-timeout): killed";
+    char other[300];
+    snprintf(other, sizeof other, "stopped by kvbench before the start: %s", why);
+    check_called_off(&k, st, log, tmp, why, other,
+                     "killed by kvbench (SIGKILL): not ready after 2 s (--ready-timeout)");
+}
+
+/* 1 when pid's main thread is in system call nr (/proc/PID/syscall), 0 when not, -1 when that
+ * cannot be read */
+static int in_syscall(pid_t pid, long want)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/syscall", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long nr = -1;
+    int got = fscanf(f, "%ld", &nr);
+    fclose(f);
+    return got == 1 && nr == want;
+}
+
+static void test_engine_worker_dead_after_ready_says_so(void **state)
+{
+    (void)state;
+    itest_kvd_t k;
+    char tmp[256], log[300];
+    kvd_and_run_dirs(&k, tmp, sizeof tmp, log, sizeof log);
+    pid_t pid = spawn_with_hung_worker(&k, "8", log, tmp);
+    /* worker 1 waits in pause() for ever; worker 0, ready, in read() on the go pipe: kill it */
+    pid_t kids[4], ready = 0;
+    for (int64_t t0 = itest_now_us(); !ready && itest_now_us() - t0 < 6000000;) {
+        int n = children_of(pid, kids, 4), hung = 0;
+        for (int i = 0; i < n; i++) {
+            int r = in_syscall(kids[i], SYS_read), p = in_syscall(kids[i], SYS_pause);
+            if (r < 0 || p < 0) {
+                kill(pid, SIGKILL);
+                waitpid(pid, NULL, 0);
+                itest_kvd_stop(&k);
+                unlink(log);
+                itest_rmtree(tmp);
+                skip(); /* no /proc/PID/syscall: where the workers wait cannot be seen */
+            }
+            hung += p;
+            ready = r ? kids[i] : ready;
+        }
+        if (!(n == 2 && hung == 1))
+            ready = 0;
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+    if (!ready) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        fail_msg("worker 0 was not seen waiting for go beside the hung worker 1");
+    }
+    assert_int_equal(kill(ready, SIGKILL), 0);
+    int st = wait_within(pid, 30000000, "kvbench engine, worker 0 killed at the barrier");
+    const char *how = "killed by signal 9 (Killed) at the start barrier, after it was ready";
+    char why[200];
+    snprintf(why, sizeof why, "worker 0 %s", how);
+    /* the hung worker cannot stop at the barrier: it is killed at --ready-timeout */
+    check_called_off(&k, st, log, tmp, why, how,
+                     "killed by kvbench (SIGKILL): not ready after 8 s (--ready-timeout)");
 }
 
 static void test_rpc_sigterm_cleans_up(void **state)
@@ -913,6 +1038,8 @@ int main(void)
         cmocka_unit_test(test_engine_worker_dead_before_start_does_not_hang),
         cmocka_unit_test(test_engine_workers_dead_before_go_no_sigpipe),
         cmocka_unit_test(test_engine_reference_does_not_hold_back_recycling),
+        cmocka_unit_test(test_engine_worker_hung_before_start_times_out),
+        cmocka_unit_test(test_engine_worker_dead_after_ready_says_so),
         cmocka_unit_test(test_rpc_sigterm_cleans_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
