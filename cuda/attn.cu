@@ -1625,11 +1625,18 @@ __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &b
     }
 }
 
-/* v28: the FP8 tail. In kvd's layout a split of the mix holds at most two FP8 pages (the
- * first page, the last two), and v26's block-wide FP8 phase for them cost ~11k cycles per
- * block at B=8 32K (a prologue and an epilogue for 16 warps, 14 of them idle): the whole gap
- * between the mix and all-TQ3. A split that holds TQ3 pages and at most kTailPages FP8 pages
- * of at most kTailTokens live tokens runs no FP8 phase:
+/* v28: the FP8 tail. In kvd's layout a sequence holds three FP8 pages beside its TQ3 ones
+ * (the first page, the last two), so a split of the mix holds one to three of them (three
+ * where one split covers the sequence: every batch of 17 or more sequences at 8 KV heads), and
+ * v26's block-wide FP8 phase for them cost ~11k cycles per block at B=8 32K (a prologue and an
+ * epilogue for 16 warps, 14 of them idle): the whole gap between the mix and all-TQ3. v35:
+ * three pages (48 tokens) instead of two. At one split (B=32-128, 4K-8K tokens, 32 query / 8
+ * KV heads) the FP8 phase had made the mix 12-18% slower than all-TQ3; with the tail it runs
+ * 6-9% faster than v34 (B=32 4K 0.0717 → 0.0670 ms, B=128 8K 0.4008 → 0.3740; H200, session
+ * 15), while the two-split shapes' mix lost 1-2.5% (B=8 32K 0.0798 → 0.0806: a third,
+ * empty item per head; a body of two items for those, and other forms, re-drew the FP8 loop
+ * slower, docs/perf.md "Session 15"). A split that holds TQ3 pages and at most kTailPages FP8
+ * pages of at most kTailTokens live tokens runs no FP8 phase:
  * - the prescan lists those pages in s_f8 (kF8…) and prefetches them into L2;
  * - after the TQ3 phase's loops, while warps 0-3 still combine the TQ3 heads, warps 4-15
  *   stage the tokens' K and V rows and the group's query rows in the rings past the combine's
@@ -1646,14 +1653,15 @@ __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &b
  * Same partition semantics as fast_phase's: m in natural-log units, l = Σ 2^(s − m), Ō = Σ …/l.
  * Called by every thread of the block: warps below kTailWarp0 return at once, the others
  * synchronise among themselves (named barrier 1; no __syncthreads may follow the call in the
- * kernel). buf: the rings; k0 / v0, k1 / v1:
- * the K / V block of page 0 / 1 (sequence order) at token 0, scales at + kmoff / + vmoff;
- * n0 ≥ 1, n0 + n1 ≤ kTailTokens; q: the group's gh query rows (16-byte aligned: the launcher
- * checks); qs: sm_scale · log2 e; out_*: head 0's partition row (heads are consecutive rows).
+ * kernel). buf: the rings; k0 / v0, k1 / v1, k2 / v2: the K / V block of page 0 / 1 / 2
+ * (sequence order) at token 0, scales at + kmoff / + vmoff; n0 ≥ 1, n0 + n1 + n2 ≤
+ * kTailTokens (an absent page: n = 0); q: the group's gh query rows (16-byte aligned: the
+ * launcher checks); qs: sm_scale · log2 e; out_*: head 0's partition row (heads are
+ * consecutive rows).
  * Only at D ≤ 128 (16 warps): at d = 256 the FP8 phase already fits in the slack that
  * decision 47 leaves the end splits (mix and all-TQ3 measure the same there). */
-constexpr uint32_t kTailPages = 2;
-constexpr uint32_t kTailTokens = 32;
+constexpr uint32_t kTailPages = 3;
+constexpr uint32_t kTailTokens = 48;
 /* fast_phase's combine warps: its HPW = 2 heads per warp (the prologue's qwarp map) */
 constexpr uint32_t kTailWarp0 = kMaxGroup / 2;
 template <int D> constexpr bool tail_enabled() { return D <= 128; }
@@ -1661,13 +1669,15 @@ template <int D> constexpr bool tail_enabled() { return D <= 128; }
 enum : uint32_t {
     kF8Count = 0, /* FP8 pages listed by the prescan (when they are few) */
     kF8Phys = 1,  /* [kTailPages] their physical pages */
-    kF8Page = 3,  /* [kTailPages] their logical pages, in the order listed */
+    kF8Page = 4,  /* [kTailPages] their logical pages, in the order listed */
     kF8On = 8,    /* the block runs the tail */
 };
+static_assert(kF8Page + kTailPages <= kF8On, "s_f8's words do not overlap");
 template <int D, int NT>
 __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const uint8_t *v0,
-                                       const uint8_t *k1, const uint8_t *v1, uint32_t n0,
-                                       uint32_t n1, uint64_t kmoff, uint64_t vmoff,
+                                       const uint8_t *k1, const uint8_t *v1, const uint8_t *k2,
+                                       const uint8_t *v2, uint32_t n0, uint32_t n1, uint32_t n2,
+                                       uint64_t kmoff, uint64_t vmoff,
                                        const float *q, uint32_t gh, float qs, float *out_m,
                                        float *out_l, float *out_o)
 {
@@ -1685,26 +1695,32 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
                   "the tail's stages and partials fit in the rings past the combine's buffer");
     if (threadIdx.x < 32 * kTailWarp0)
         return;
-    const uint32_t tid = threadIdx.x - 32 * kTailWarp0, lane = tid & 31u, nt = n0 + n1;
+    const uint32_t tid = threadIdx.x - 32 * kTailWarp0, lane = tid & 31u, nt = n0 + n1 + n2;
+    const uint32_t n01 = n0 + n1;
     uint8_t *sk = buf + kSo, *sv = sk + kTailTokens * D;
     float *sq = reinterpret_cast<float *>(sk + 2 * kTailTokens * D);
     /* ---- stage: K rows, V rows (token t at t·D), query rows ---- */
     for (uint32_t c = tid; c < nt * CH; c += TT) {
         const uint32_t t = c / CH, x = 16 * (c % CH);
-        const size_t r = (size_t)(t < n0 ? t : t - n0) * D + x;
-        cp16(sk + t * D + x, (t < n0 ? k0 : k1) + r);
-        cp16(sv + t * D + x, (t < n0 ? v0 : v1) + r);
+        const size_t r = (size_t)(t < n0 ? t : t < n01 ? t - n0 : t - n01) * D + x;
+        cp16(sk + t * D + x, (t < n0 ? k0 : t < n01 ? k1 : k2) + r);
+        cp16(sv + t * D + x, (t < n0 ? v0 : t < n01 ? v1 : v2) + r);
     }
     for (uint32_t c = tid; c < gh * (D / 4); c += TT)
         cp16(sq + 4 * c, q + 4 * c);
     cp_commit();
-    /* this lane's token scales, in flight with the copies */
-    const bool live = lane < nt;
-    const uint32_t row = lane < n0 ? lane : lane - n0;
-    float lsc_k = 0.0f, lsc_v = 0.0f; /* token `lane`'s K and V scales */
-    if (live) {
-        lsc_k = reinterpret_cast<const float *>((lane < n0 ? k0 : k1) + kmoff)[row];
-        lsc_v = reinterpret_cast<const float *>((lane < n0 ? v0 : v1) + vmoff)[row];
+    /* this lane's token scales, in flight with the copies: tokens lane and lane + 32 */
+    float lsc_k[2] = {0.0f, 0.0f}, lsc_v[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (uint32_t u = 0; u < 2; u++) {
+        const uint32_t t = lane + 32u * u;
+        if (t < nt) {
+            const uint32_t row = t < n0 ? t : t < n01 ? t - n0 : t - n01;
+            lsc_k[u] = reinterpret_cast<const float *>((t < n0 ? k0 : t < n01 ? k1 : k2) +
+                                                       kmoff)[row];
+            lsc_v[u] = reinterpret_cast<const float *>((t < n0 ? v0 : t < n01 ? v1 : v2) +
+                                                       vmoff)[row];
+        }
     }
     cp_wait<0>();
     asm volatile("bar.sync 1, %0;" ::"r"(TT) : "memory");
@@ -1720,6 +1736,7 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
     const uint32_t warp = tid >> 5, ti = lane / LPT, tj = lane % LPT; /* warp: of the tail's */
     for (uint32_t it = warp; it < IPH * gh; it += W) {
         const uint32_t h = it / IPH, t = TI * (it % IPH) + ti;
+        const uint32_t up = TI * (it % IPH) >= 32u; /* warp-uniform: the item's 16 tokens */
         const float *qh = sq + h * D + tj * (D / LPT);
         float s, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (t < nt) {
@@ -1745,7 +1762,7 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
 #pragma unroll
         for (uint32_t off = 1; off < LPT; off <<= 1)
             d += __shfl_xor_sync(0xffffffffu, d, off);
-        const float kst = __shfl_sync(0xffffffffu, lsc_k, t & 31u);
+        const float kst = __shfl_sync(0xffffffffu, up ? lsc_k[1] : lsc_k[0], t & 31u);
         s = t < nt ? d * qs * kst : -INFINITY;
         float m = s;
 #pragma unroll
@@ -1757,7 +1774,7 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
 #pragma unroll
         for (uint32_t off = LPT; off < 32; off <<= 1)
             l += __shfl_xor_sync(0xffffffffu, l, off);
-        const float w = p * __shfl_sync(0xffffffffu, lsc_v, t & 31u);
+        const float w = p * __shfl_sync(0xffffffffu, up ? lsc_v[1] : lsc_v[0], t & 31u);
         float o[NE];
 #pragma unroll
         for (uint32_t k = 0; k < NE; k++)
@@ -1939,20 +1956,38 @@ __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
      * allocation of them. Block-uniform. */
     if (tail_enabled<D>() && s_f8[kF8On]) {
         const uint32_t n8 = s_f8[kF8Count];
-        /* pages in sequence order, so that a token's lane does not depend on the atomics */
-        const uint32_t sw = n8 == 2 && s_f8[kF8Page + 1] < s_f8[kF8Page];
+        /* pages in sequence order, so that a token's lane does not depend on the atomics; an
+         * absent page sorts last (logical ~0) and keeps page 0's physical page (n = 0) */
+        uint32_t lp[kTailPages], ph[kTailPages];
+#pragma unroll
+        for (uint32_t i = 0; i < kTailPages; i++) {
+            lp[i] = i < n8 ? s_f8[kF8Page + i] : ~0u;
+            ph[i] = s_f8[kF8Phys + (i < n8 ? i : 0u)];
+        }
+        static_assert(kTailPages == 3, "the sorting network below sorts three");
+#pragma unroll
+        for (uint32_t k = 0; k < 3; k++) {
+            const uint32_t i = k == 1 ? 1u : 0u; /* compare-exchange (0,1), (1,2), (0,1) */
+            if (lp[i + 1] < lp[i]) {
+                const uint32_t tl = lp[i], tp = ph[i];
+                lp[i] = lp[i + 1], ph[i] = ph[i + 1];
+                lp[i + 1] = tl, ph[i + 1] = tp;
+            }
+        }
         const kv_geom_t &geo = a.g;
         const uint64_t pb8 = kv_page_bytes(&geo, KV_FMT_FP8);
         const uint64_t koff = kv_block_offset(&geo, KV_FMT_FP8, a.layer, KV_KIND_K, bk.kvh);
         const uint64_t voff = kv_block_offset(&geo, KV_FMT_FP8, a.layer, KV_KIND_V, bk.kvh);
-        const uint8_t *pg0 = a.pools.base[KV_FMT_FP8] + (uint64_t)s_f8[kF8Phys + sw] * pb8;
-        const uint8_t *pg1 = a.pools.base[KV_FMT_FP8] + (uint64_t)s_f8[kF8Phys + 1 - sw] * pb8;
-        const uint32_t q0 = s_f8[kF8Page + sw], q1 = s_f8[kF8Page + 1 - sw];
-        const uint32_t n0 = fast_page_tokens(bk, q0);
-        const uint32_t n1 = n8 == 2 ? fast_page_tokens(bk, q1) : 0u;
+        const uint8_t *pg0 = a.pools.base[KV_FMT_FP8] + (uint64_t)ph[0] * pb8;
+        const uint8_t *pg1 = a.pools.base[KV_FMT_FP8] + (uint64_t)ph[1] * pb8;
+        const uint8_t *pg2 = a.pools.base[KV_FMT_FP8] + (uint64_t)ph[2] * pb8;
+        const uint32_t n0 = fast_page_tokens(bk, lp[0]);
+        const uint32_t n1 = n8 >= 2 ? fast_page_tokens(bk, lp[1]) : 0u;
+        const uint32_t n2 = n8 >= 3 ? fast_page_tokens(bk, lp[2]) : 0u;
         const size_t part = ((size_t)bk.s * a.num_splits + bk.split) * KV_FMT_COUNT + KV_FMT_FP8;
         const size_t row = part * a.q_heads + bk.h0;
-        fast_tail<D, NT>(smem, pg0 + koff, pg0 + voff, pg1 + koff, pg1 + voff, n0, n1,
+        fast_tail<D, NT>(smem, pg0 + koff, pg0 + voff, pg1 + koff, pg1 + voff, pg2 + koff,
+                         pg2 + voff, n0, n1, n2,
                          kv_block_meta_offset(&geo, KV_FMT_FP8, KV_KIND_K),
                          kv_block_meta_offset(&geo, KV_FMT_FP8, KV_KIND_V),
                          a.q + ((uint64_t)bk.s * a.q_heads + bk.h0) * D, bk.gh,
