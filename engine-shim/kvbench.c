@@ -1345,6 +1345,18 @@ static void eng_pct_all(const eng_opts_t *o, const eng_shared_t *sh, const int64
     free(all);
 }
 
+
+/* A KVBENCH_TEST_* hook's value (the number of the worker that misbehaves), announced on
+ * stderr so that a run with one set by accident says so */
+static const char *test_hook(const char *name, const char *what)
+{
+    const char *v = getenv(name);
+    if (v && v[0])
+        fprintf(stderr,
+                "kvbench engine: %s=%s: test hook, that worker %s before the start barrier\n",
+                name, v, what);
+    return v;
+}
 static int bench_engine(int argc, char **argv)
 {
     eng_opts_t o = {.kvd = KVD_BIN,
@@ -1562,18 +1574,8 @@ static int bench_engine(int argc, char **argv)
     int64_t *ended = calloc(o.workers, sizeof *ended); /* when it was reaped (now_ns) */
     if (!pids || !wstat || !ended)
         die("calloc", NULL);
-    const char *die_w = getenv("KVBENCH_TEST_DIE_BEFORE_READY");
-    if (die_w && die_w[0])
-        fprintf(stderr,
-                "kvbench engine: KVBENCH_TEST_DIE_BEFORE_READY=%s: test hook, that worker kills "
-                "itself before the start barrier\n",
-                die_w);
-    const char *hang_w = getenv("KVBENCH_TEST_HANG_BEFORE_READY");
-    if (hang_w && hang_w[0])
-        fprintf(stderr,
-                "kvbench engine: KVBENCH_TEST_HANG_BEFORE_READY=%s: test hook, that worker "
-                "waits for ever before the start barrier\n",
-                hang_w);
+    (void)test_hook("KVBENCH_TEST_DIE_BEFORE_READY", "kills itself");
+    (void)test_hook("KVBENCH_TEST_HANG_BEFORE_READY", "waits for ever");
     for (uint32_t w = 0; w < o.workers; w++) {
         pids[w] = fork();
         if (pids[w] < 0)

@@ -457,6 +457,18 @@ static void run_dirs_clean(const char *tmp, const char *log)
     itest_rmtree(tmp);
 }
 
+/* The end of a run against the test's own daemon: every request reference reclaimed, the
+ * daemon consistent and stopped cleanly, kvbench's TMPDIR empty; then both run dirs go */
+static void kvd_drained_stop(itest_kvd_t *k, const char *tmp, const char *log)
+{
+    if (itest_wait_stat(k, "request_refs", 0, 20000) < 0)
+        fail_msg("request references still held 20 s after the run: %llu",
+                 (unsigned long long)itest_stat(k, "request_refs"));
+    itest_assert_check(k);
+    assert_int_equal(itest_kvd_stop(k), 0);
+    run_dirs_clean(tmp, log);
+}
+
 /* fork + exec argv with stdout and stderr into the file `log`, TMPDIR=tmp; its pid */
 static pid_t spawn_logged(const char *const *argv, const char *log, const char *tmp)
 {
@@ -638,11 +650,7 @@ static void test_engine_workers_killed_say_how(void **state)
             fail_msg("worker %u killed after it started reports no wall time:\n%s", w, out);
     }
     /* the daemon reclaims what the workers held */
-    if (itest_wait_stat(&k, "request_refs", 0, 20000) < 0)
-        fail_msg("the killed workers' references were not reclaimed");
-    itest_assert_check(&k);
-    assert_int_equal(itest_kvd_stop(&k), 0);
-    run_dirs_clean(tmp, log);
+    kvd_drained_stop(&k, tmp, log);
 }
 
 /* A worker that dies before the start barrier without writing its ready byte (as the OOM
@@ -695,10 +703,7 @@ static void test_engine_worker_dead_before_start_does_not_hang(void **state)
         fail_msg("sessions: %llu opened (want 3 workers + worker 0's reference), %llu closed",
                  (unsigned long long)itest_stat(&k, "sessions_opened"),
                  (unsigned long long)itest_stat(&k, "sessions_closed"));
-    assert_true(itest_wait_stat(&k, "request_refs", 0, 20000) >= 0);
-    itest_assert_check(&k);
-    assert_int_equal(itest_kvd_stop(&k), 0);
-    run_dirs_clean(tmp, log);
+    kvd_drained_stop(&k, tmp, log);
 }
 
 /* 1 when pid is blocked in write(fd, ...), 0 when not, -1 when /proc/PID/syscall cannot say
@@ -835,10 +840,7 @@ static void test_engine_workers_dead_before_go_no_sigpipe(void **state)
     jworker_error(j, 0, &ok, err, sizeof err);
     if (ok || strncmp(err, "killed by signal 9 (Killed)", 27))
         fail_msg("worker 0 killed before go: ok %d, error '%s':\n%s", ok, err, out);
-    assert_true(itest_wait_stat(&k, "request_refs", 0, 20000) >= 0);
-    itest_assert_check(&k);
-    assert_int_equal(itest_kvd_stop(&k), 0);
-    run_dirs_clean(tmp, log);
+    kvd_drained_stop(&k, tmp, log);
 }
 
 static void test_engine_reference_does_not_hold_back_recycling(void **state)
@@ -905,10 +907,7 @@ static void check_called_off(itest_kvd_t *k, int st, const char *log, const char
     }
     assert_true(itest_wait_stat(k, "sessions_closed", itest_stat(k, "sessions_opened"), 20000) >=
                 0);
-    assert_true(itest_wait_stat(k, "request_refs", 0, 20000) >= 0);
-    itest_assert_check(k);
-    assert_int_equal(itest_kvd_stop(k), 0);
-    run_dirs_clean(tmp, log);
+    kvd_drained_stop(k, tmp, log);
 }
 
 static void test_engine_worker_hung_before_start_times_out(void **state)
