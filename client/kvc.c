@@ -118,6 +118,9 @@ struct kvc_s {
     /* the daemon's max_msg_bytes (HelloRep; 0: not told, nothing checked): a request over it
      * would be dropped unanswered with the connection, losing the session (decision 54) */
     uint64_t max_msg;
+    /* HelloRep.max_alloc, max_tokens (0: not told); libkvc checks nothing against them: the
+     * daemon's gate refuses an oversized request cleanly, and the bounds may change later */
+    uint32_t max_alloc, max_tokens;
     int manual_epoch;    /* 0: report the latest epoch seen (no asynchronous kernels) */
     uint64_t safe_epoch; /* manual mode: what the engine last declared */
     uint32_t pid_seen;
@@ -1085,6 +1088,7 @@ static void kvc_session_reset(kvc_t *c)
     kvc_unmap(c);
     kvc_stash_clear(c);
     c->session = c->epoch = c->instance = c->new_instance = c->max_msg = 0;
+    c->max_alloc = c->max_tokens = 0;
     c->restarted = 0;
     c->nlate = 0;  /* their replies are below the next id_floor: dropped on arrival */
     c->nmoved = 0; /* page ids of the old session mean nothing now */
@@ -1139,6 +1143,8 @@ kv_err_t kvc_hello(kvc_t *c, const char *namespace_, const char *client_name, in
     c->session = hr->session_id;
     c->epoch = hr->epoch;
     c->max_msg = hr->max_msg_bytes;
+    c->max_alloc = hr->max_alloc;
+    c->max_tokens = hr->max_tokens;
     c->instance = hr->instance;
     c->pid_seen = hr->pid;
     snprintf(c->events_endpoint, sizeof c->events_endpoint, "%s",
@@ -1191,6 +1197,14 @@ uint64_t kvc_epoch(const kvc_t *c)
 const kv_geom_t *kvc_geom(const kvc_t *c)
 {
     return c ? &c->geom : NULL;
+}
+uint32_t kvc_max_alloc(const kvc_t *c)
+{
+    return c ? c->max_alloc : 0;
+}
+uint32_t kvc_max_tokens(const kvc_t *c)
+{
+    return c ? c->max_tokens : 0;
 }
 uint32_t kvc_pool_pages(const kvc_t *c, kv_fmt_t f)
 {

@@ -108,6 +108,13 @@ uint64_t kvc_instance(const kvc_t *c); /* daemon instance id (changes on restart
  * events"); "" when events are off. Borrowed, valid until the next hello. */
 const char *kvc_events_endpoint(const kvc_t *c);
 const kv_geom_t *kvc_geom(const kvc_t *c);
+/* The daemon's request bounds when it answered the last hello (HelloRep.max_alloc,
+ * max_tokens): the most pages one alloc may ask (kvc_alloc's n) and the most tokens one
+ * lookup may carry. 0: not told (a daemon older than these fields, or no hello). A hint for
+ * sizing requests, not a promise: an operator may lower either later (`kvctl config set`), and
+ * the daemon then refuses a larger request with INVALID_ARGUMENT, having done nothing. */
+uint32_t kvc_max_alloc(const kvc_t *c);
+uint32_t kvc_max_tokens(const kvc_t *c);
 uint32_t kvc_pool_pages(const kvc_t *c, kv_fmt_t f);
 uint64_t kvc_page_bytes(const kvc_t *c, kv_fmt_t f);
 uint8_t *kvc_pool_base(const kvc_t *c, kv_fmt_t f);

@@ -52,8 +52,9 @@
 #endif
 
 #define KVS_ERR_BYTES 512
-/* pages per kvc_alloc request to start with: below the daemon's default max_alloc (4096); a
- * kvs_t halves its own chunk when the daemon's max_alloc is lower (kvs_seq_add_pages) */
+/* the most pages per kvc_alloc request, below the daemon's default max_alloc (4096): a kvs_t
+ * starts from the smaller of this and the max_alloc its hello told, and halves its own chunk
+ * when the daemon refuses it (max_alloc lowered since, or not told: kvs_seq_add_pages) */
 #define KVS_ALLOC_CHUNK 1024u
 
 struct kvs_seq_s {
@@ -83,10 +84,10 @@ struct kvs_s {
     char name[KVP_MAX_STRING + 1]; /* the protocol's limit; longer names are refused */
     char err[KVS_ERR_BYTES];
     kvs_seq_t *seqs; /* open sequences, ended by kvs_close */
-    /* The daemon's max_alloc and max_tokens are configurable (and runtime-mutable) but not
-     * told at hello, so a refusal at its request gate shrinks these */
-    uint32_t alloc_chunk; /* pages per kvc_alloc_reserve; KVS_ALLOC_CHUNK at first */
-    size_t lookup_pages;  /* most pages a kvs_seq_begin lookup asks for; SIZE_MAX at first */
+    /* Sized from the daemon's max_alloc and max_tokens as its hello told them (kvs_open);
+     * both are runtime-mutable, so a refusal at its request gate still shrinks these */
+    uint32_t alloc_chunk; /* pages per kvc_alloc_reserve, at most KVS_ALLOC_CHUNK */
+    size_t lookup_pages;  /* most pages a kvs_seq_begin lookup asks for; 0: none fits */
     /* host scratch */
     kvs_buf_t slots; /* uint32 slot_page[m], slot_idx[m] */
     kvs_buf_t kv;    /* float k[m][kvh][d], v[...] converted from f16 / bf16 */
@@ -345,6 +346,15 @@ kv_err_t kvs_open(kvs_t **out, const kvs_opts_t *o)
                      "valid for the kernels");
         goto fail;
     }
+    /* Requests the daemon takes the first time, rather than a refusal per halving. 0 is a
+     * daemon older than HelloRep.max_alloc / max_tokens: keep the defaults (set above) and
+     * learn from its refusals. max_tokens below a page: no lookup can be taken, so begin
+     * reuses nothing (the engine computes the prompt) instead of failing every prompt. */
+    const uint32_t max_alloc = kvc_max_alloc(s->c), max_tokens = kvc_max_tokens(s->c);
+    if (max_alloc && max_alloc < s->alloc_chunk)
+        s->alloc_chunk = max_alloc;
+    if (max_tokens)
+        s->lookup_pages = max_tokens / s->geom.page_tokens;
     *out = s;
     return KV_ERR_OK;
 fail:
@@ -494,14 +504,15 @@ kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **o
         goto fail_free;
     }
     size_t np = 0;
-    if (keep) {
+    if (keep && s->lookup_pages) {
         uint32_t matched = 0;
         size_t ask = keep < s->lookup_pages ? keep : s->lookup_pages;
         e = kvc_lookup(s->c, tokens, ask * pt, NULL, 0, 0, q->pages, ask, &np, &matched);
-        /* A lookup over the daemon's max_tokens (or max_msg_bytes) is refused, INVALID_ARGUMENT
-         * and nothing acquired: every prompt longer than that failed to begin. Reuse is an
-         * optimisation, so look up fewer pages (halving; kept for later begins) and let the
-         * engine compute the rest. */
+        /* A lookup over the daemon's max_tokens (lowered since the hello, or not told by an
+         * older daemon) or its max_msg_bytes is refused, INVALID_ARGUMENT and nothing
+         * acquired: every prompt longer than that failed to begin. Reuse is an optimisation,
+         * so look up fewer pages (halving; kept for later begins) and let the engine compute
+         * the rest. */
         while (e == KV_ERR_INVALID_ARGUMENT && ask > 1) {
             s->lookup_pages = ask = ask / 2;
             e = kvc_lookup(s->c, tokens, ask * pt, NULL, 0, 0, q->pages, ask, &np, &matched);
@@ -579,11 +590,12 @@ static kv_err_t kvs_seq_add_pages(kvs_seq_t *q, size_t n)
         if (got == 0 && n > k) /* n < 2^32 / page_tokens; clamped, the check is only weaker */
             reserve = n < KVP_MAX_RESERVE ? (uint32_t)n : KVP_MAX_RESERVE;
         kv_err_t e = kvc_alloc_reserve(s->c, KV_FMT_FP8, k, reserve, dst + got);
-        /* A count over the daemon's max_alloc (a directive, 4096 by default, which an operator
-         * may lower at run time) is refused at its request gate, INVALID_ARGUMENT and nothing
-         * done: every extend of more pages than that failed. Halve the chunk, for later extends
-         * too, and ask again. A count over the whole pool is refused the same way, and stays
-         * the caller's INVALID_ARGUMENT (kvshim.h): no chunk size makes that extend fit. */
+        /* A count over the daemon's max_alloc (a directive an operator may lower at run time,
+         * after the hello that sized the chunk; or not told by an older daemon) is refused at
+         * its request gate, INVALID_ARGUMENT and nothing done: every extend of more pages than
+         * that failed. Halve the chunk, for later extends too, and ask again. A count over the
+         * whole pool is refused the same way, and stays the caller's INVALID_ARGUMENT
+         * (kvshim.h): no chunk size makes that extend fit. */
         if (e == KV_ERR_INVALID_ARGUMENT && k > 1 && k <= pools.pages[KV_FMT_FP8]) {
             s->alloc_chunk = k / 2;
             continue;

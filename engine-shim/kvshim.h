@@ -111,15 +111,18 @@ int kvs_on_device(const kvs_t *s); /* 1: tensors are device pointers */
 
 /* tokens[n]: the prompt. *cached: tokens covered by the acquired prefix (a multiple of
  * page_tokens, ≤ n; the engine computes K/V only from there). A prompt longer than the
- * daemon's max_tokens is looked up in part (docs/engine-shim.md, "Sequences and sealing"). */
+ * daemon's max_tokens (told at hello; a lower value set later is learnt from the refusal) is
+ * looked up in part, and not at all when max_tokens is below one page (docs/engine-shim.md,
+ * "Sequences and sealing"). */
 kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **out,
                        size_t *cached);
 /* Make room for m more tokens (their ids: appended to the sequence's token list). All or
  * nothing: on failure no page and no token was added. RESOURCE_EXHAUSTED when the pool cannot
  * give the pages (INVALID_ARGUMENT when one 1024-page chunk exceeds a smaller pool); an extend
  * of more than 1024 pages is refused before any cache entry is evicted for it when the pool
- * could not give them all at that moment (docs/engine-shim.md, decision 57). Chunks shrink to
- * fit a daemon whose max_alloc is below 1024.
+ * could not give them all at that moment (docs/engine-shim.md, decision 57). A chunk is at most
+ * 1024 pages and the max_alloc the daemon told at hello, halved when it refuses one (lowered
+ * since).
  * FAILED_PRECONDITION while some layer lacks K/V for a token already in the sequence (append
  * every layer of the last extend first: kvs_append could never write those tokens
  * afterwards). */

@@ -687,6 +687,10 @@ static kv_err_t kvd_op_hello(kvd_req_ctx_t *c)
     b_->instance = s->instance;
     b_->events_endpoint = s->cfg->events_endpoint;
     b_->max_msg_bytes = s->msg_bytes;
+    /* what the request gate enforces now (s->lim follows the config table at every config
+     * set); a later `kvctl config set` can lower them, so clients still handle a refusal */
+    b_->max_alloc = s->lim.max_alloc;
+    b_->max_tokens = s->lim.max_tokens;
     b_->backend = (char *)ex->backend; /* how the client imports the fds (kvc_cuda.c) */
     Kvd__PoolDesc **pd = ar_alloc(s, sizeof(*pd) * (KV_FMT_COUNT + 1));
     if (!pd || !b_->geometry)

@@ -11,7 +11,8 @@
  * opened it: another process that takes its routing id gets NO_SESSION. A capped lookup
  * reports only the tokens of the pages it returns. A process holds at most
  * max_sessions_per_pid sessions. The late reply of a call that timed out gives its pages back.
- * The operator can fence a silent session that holds back page recycling.
+ * The operator can fence a silent session that holds back page recycling. The hello tells the
+ * request bounds (max_alloc, max_tokens) in force when it was answered.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -465,9 +466,54 @@ static void test_request_over_max_msg_bytes(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* HelloRep.max_alloc and max_tokens are the directives' values when the hello was answered:
+ * a client (libkvshim) sizes its first allocs and lookups from them instead of learning them
+ * from refusals. A later `kvctl config set` is seen by the next hello, not by the session's
+ * copy; kvctl's hello (no mapping) is told too. */
+static void test_hello_tells_the_request_bounds(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--max_alloc", "77", "--max_tokens", "999", NULL};
+    itest_kvd_t k;
+    itest_kvd_start(&k, extra);
+    kvc_t *c = NULL, *admin = NULL;
+    assert_int_equal(kvc_max_alloc(c), 0); /* no kvc_t: not told */
+    assert_int_equal(kvc_connect(&c, k.endpoint, 3000), KV_ERR_OK);
+    assert_int_equal(kvc_max_alloc(c), 0); /* no hello yet */
+    assert_int_equal(kvc_max_tokens(c), 0);
+    assert_int_equal(kvc_hello(c, NULL, "bounds", 1), KV_ERR_OK);
+    assert_int_equal(kvc_max_alloc(c), 77);
+    assert_int_equal(kvc_max_tokens(c), 999);
+    /* they are the bounds the request gate enforces */
+    uint32_t pages[78];
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 78, pages), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 77, pages), KV_ERR_OK);
+    assert_int_equal(kvc_release(c, pages, 77), KV_ERR_OK);
+    char out[4096];
+    const char *sa[] = {"config", "set", "max_alloc", "50", NULL};
+    const char *st[] = {"config", "set", "max_tokens", "500", NULL};
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, sa), 0);
+    assert_int_equal(itest_kvctl(&k, out, sizeof out, st), 0);
+    assert_int_equal(kvc_max_alloc(c), 77); /* the values at the time of the hello */
+    assert_int_equal(kvc_alloc(c, KV_FMT_FP8, 77, pages), KV_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kvc_rehello(c), KV_ERR_OK);
+    assert_int_equal(kvc_max_alloc(c), 50);
+    assert_int_equal(kvc_max_tokens(c), 500);
+    assert_int_equal(kvc_connect(&admin, k.endpoint, 3000), KV_ERR_OK);
+    assert_int_equal(kvc_hello(admin, NULL, "bounds admin", 0), KV_ERR_OK);
+    assert_int_equal(kvc_max_alloc(admin), 50);
+    assert_int_equal(kvc_max_tokens(admin), 500);
+    kvc_close(&admin);
+    kvc_close(&c);
+    assert_int_equal(kvc_max_tokens(c), 0);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hello_tells_the_request_bounds),
         cmocka_unit_test(test_request_over_max_msg_bytes),
         cmocka_unit_test(test_one_process_many_sessions),
         cmocka_unit_test(test_routing_id_is_not_a_session),

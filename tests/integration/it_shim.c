@@ -23,7 +23,8 @@
  *    name appears once in the message.
  * 10. A daemon whose max_alloc is below the shim's 1024-page chunk still serves extends of
  *    more pages than max_alloc; one whose max_tokens is below a prompt still begins it, reusing
- *    the prefix its lookups can cover.
+ *    the prefix its lookups can cover. The shim sizes both from the hello, so the first
+ *    requests are not refused; a bound lowered later is still learnt from the refusal.
  *
  * Geometry: itest's (2 layers, 2 KV heads, head_dim 64, 16-token pages).
  */
@@ -820,6 +821,47 @@ static void test_name_and_batch_limits(void **state)
 
 /* ---- 10. the daemon's request bounds ------------------------------------------------------ */
 
+/* kvd with `extra` and a metrics listener on a free port; returns the port */
+static int start_with_metrics(itest_kvd_t *k, const char *const *extra)
+{
+    char port[16];
+    const int p = itest_free_port();
+    snprintf(port, sizeof port, "%d", p);
+    const char *argv[16];
+    size_t n = 0;
+    while (extra[n]) {
+        assert_true(n < 13);
+        argv[n] = extra[n];
+        n++;
+    }
+    argv[n++] = "--metrics_port";
+    argv[n++] = port;
+    argv[n] = NULL;
+    itest_kvd_start(k, argv);
+    return p;
+}
+
+/* Requests the daemon refused with INVALID_ARGUMENT so far (its request gate among them). */
+static uint64_t invalid_replies(int port)
+{
+    static char out[1 << 20];
+    assert_true(itest_scrape(port, out, sizeof out) > 1000);
+    const char *key = "\nkvd_rpc_errors_total{code=\"INVALID_ARGUMENT\"} ";
+    const char *at = strstr(out, key);
+    if (!at)
+        fail_msg("no INVALID_ARGUMENT count in the metrics");
+    return strtoull(at + strlen(key), NULL, 10);
+}
+
+/* Set a daemon directive through kvctl. */
+static void config_set(const itest_kvd_t *k, const char *key, const char *value)
+{
+    char out[4096];
+    const char *set[] = {"config", "set", key, value, NULL};
+    if (itest_kvctl(k, out, sizeof out, set) != 0)
+        fail_msg("kvctl config set %s %s: %s", key, value, out);
+}
+
 /* max_alloc (a daemon directive, runtime-mutable, 4096 by default) below the shim's chunk of
  * 1024 pages: every extend of more than max_alloc pages failed with INVALID_ARGUMENT ("alloc:
  * count 300, allowed 1..100"), so the engine could not serve a 4800-token prompt at all. */
@@ -828,13 +870,13 @@ static void test_extend_beyond_a_lower_max_alloc(void **state)
     (void)state;
     const char *const extra[] = {"--pages_fp8", "1500", "--max_alloc", "100", NULL};
     itest_kvd_t k;
-    itest_kvd_start(&k, extra);
+    const int port = start_with_metrics(&k, extra);
     kvs_t *s = shim_open(&k, "max_alloc 100");
     assert_non_null(s);
     const size_t n = 300 * PT;
-    uint32_t *tok = malloc((n + 200) * sizeof *tok);
+    uint32_t *tok = malloc((n + 200 + 100 * PT) * sizeof *tok);
     assert_non_null(tok);
-    prompt(10, tok, n + 200);
+    prompt(10, tok, n + 200 + 100 * PT);
     kvs_seq_t *q;
     size_t cached;
     assert_int_equal(kvs_seq_begin(s, tok, n, &q, &cached), KV_ERR_OK);
@@ -844,12 +886,24 @@ static void test_extend_beyond_a_lower_max_alloc(void **state)
     assert_string_equal(kvs_errmsg(s), "");
     assert_int_equal(kvs_seq_pages(q, NULL, 0), 300);
     assert_int_equal(itest_stat(&k, "request_refs"), 300);
+    /* chunks of the max_alloc the hello told: 3 allocs, none refused (before HelloRep.max_alloc
+     * the shim sent 300 and 150, both refused, before 75 was taken) */
+    assert_int_equal(itest_stat(&k, "alloc_calls"), 3);
+    assert_int_equal(invalid_replies(port), 0);
     assert_int_equal(fill(q, 0, n, KVS_F32), KV_ERR_OK);
-    /* the next extend starts from the chunk that worked */
     uint64_t calls = itest_stat(&k, "alloc_calls");
     assert_int_equal(kvs_seq_extend(q, tok + n, 200), KV_ERR_OK); /* 12.5 pages: 13 */
     assert_int_equal(kvs_seq_pages(q, NULL, 0), 313);
     assert_int_equal(itest_stat(&k, "alloc_calls"), calls + 1);
+    assert_int_equal(fill(q, n, 200, KVS_F32), KV_ERR_OK);
+    /* max_alloc lowered after the hello: the chunk of 100 is refused, and the shim halves it
+     * (100 -> 50 -> 25) for this extend and the next ones */
+    config_set(&k, "max_alloc", "40");
+    e = kvs_seq_extend(q, tok + n + 200, 100 * PT); /* the last page's 8 slots + 100 pages */
+    if (e != KV_ERR_OK)
+        fail_msg("extend of 100 pages, max_alloc 40 since: %s (%s)", kv_err_name(e), kvs_errmsg(s));
+    assert_int_equal(kvs_seq_pages(q, NULL, 0), 413);
+    assert_int_equal(invalid_replies(port), 2);
     /* more than the pool: still refused, and nothing held */
     kvs_seq_t *q2;
     assert_int_equal(kvs_seq_begin(s, tok, 3, &q2, &cached), KV_ERR_OK);
@@ -858,7 +912,7 @@ static void test_extend_beyond_a_lower_max_alloc(void **state)
     prompt(11, big, 1600 * PT);
     assert_int_not_equal(kvs_seq_extend(q2, big, 1600 * PT), KV_ERR_OK);
     assert_int_equal(kvs_seq_pages(q2, NULL, 0), 0);
-    assert_int_equal(itest_stat(&k, "request_refs"), 313);
+    assert_int_equal(itest_stat(&k, "request_refs"), 413);
     kvs_close(&s);
     assert_int_equal(itest_stat(&k, "request_refs"), 0);
     itest_assert_check(&k);
@@ -875,7 +929,7 @@ static void test_begin_beyond_a_lower_max_tokens(void **state)
     (void)state;
     const char *const extra[] = {"--max_tokens", "100", NULL};
     itest_kvd_t k;
-    itest_kvd_start(&k, extra);
+    const int port = start_with_metrics(&k, extra);
     kvs_t *s = shim_open(&k, "max_tokens 100");
     assert_non_null(s);
     enum { N = 300 }; /* 18 whole pages before the last token */
@@ -892,17 +946,42 @@ static void test_begin_beyond_a_lower_max_tokens(void **state)
     assert_int_equal(kvs_seq_commit(q), KV_ERR_OK);
     assert_int_equal(kvs_seq_end(&q), KV_ERR_OK);
     assert_int_equal(itest_stat(&k, "cache_entries"), 18);
-    /* the same prompt again: the lookup covers what the daemon takes (18 → 9 → 4 pages, 64
-     * tokens), and the rest is computed as for a miss */
+    /* the same prompt again: the lookup covers what max_tokens, told at hello, allows (6 pages,
+     * 96 tokens; before HelloRep.max_tokens, 18 and 9 pages were refused first, then 4 taken),
+     * and the rest is computed as for a miss */
     assert_int_equal(kvs_seq_begin(s, tok, N, &q, &cached), KV_ERR_OK);
     assert_string_equal(kvs_errmsg(s), "");
-    assert_int_equal(cached, 4 * PT);
+    assert_int_equal(cached, 6 * PT);
+    assert_int_equal(itest_stat(&k, "lookups"), 2);
+    assert_int_equal(invalid_replies(port), 0);
     assert_int_equal(kvs_seq_extend(q, tok + cached, N - cached), KV_ERR_OK);
     assert_int_equal(fill(q, cached, N - cached, KVS_F32), KV_ERR_OK);
-    assert_int_equal(kvs_seq_commit(q), KV_ERR_OK); /* pages 4..17 deduplicate */
+    assert_int_equal(kvs_seq_commit(q), KV_ERR_OK); /* pages 6..17 deduplicate */
     float out[OUTN];
     assert_int_equal(attend(s, q, out), KV_ERR_OK);
     assert_int_equal(itest_stat(&k, "cache_entries"), 18);
+    assert_int_equal(kvs_seq_end(&q), KV_ERR_OK);
+    /* max_tokens lowered after the hello: 6 and 3 pages are refused, 1 page (16 tokens) taken */
+    config_set(&k, "max_tokens", "40");
+    assert_int_equal(kvs_seq_begin(s, tok, N, &q, &cached), KV_ERR_OK);
+    assert_int_equal(cached, PT);
+    assert_int_equal(invalid_replies(port), 2);
+    assert_int_equal(kvs_seq_end(&q), KV_ERR_OK);
+    /* below one page when the shim opens: no lookup could be taken, so none is sent and the
+     * prompt begins uncached (before, the lookup was refused down to one page and the begin
+     * failed: no prompt longer than a page could begin) */
+    config_set(&k, "max_tokens", "8");
+    kvs_t *s2 = shim_open(&k, "max_tokens 8");
+    assert_non_null(s2);
+    const uint64_t lookups = itest_stat(&k, "lookups");
+    e = kvs_seq_begin(s2, tok, N, &q, &cached);
+    if (e != KV_ERR_OK)
+        fail_msg("begin of %d tokens, max_tokens 8: %s (%s)", N, kv_err_name(e), kvs_errmsg(s2));
+    assert_int_equal(cached, 0);
+    assert_int_equal(itest_stat(&k, "lookups"), lookups);
+    assert_int_equal(invalid_replies(port), 2);
+    assert_int_equal(kvs_seq_end(&q), KV_ERR_OK);
+    kvs_close(&s2);
     kvs_close(&s);
     assert_int_equal(itest_stat(&k, "request_refs"), 0);
     itest_assert_check(&k);
