@@ -701,6 +701,16 @@ kv_err_t kvs_append(kvs_seq_t *q, uint32_t layer, const void *k, const void *v, 
                         "kvs_append: dtype %d is not KVS_F32, "
                         "KVS_F16 or KVS_BF16",
                         (int)dt);
+    /* Rows aligned to their element, on both backends: the append kernel refuses a
+     * misaligned k or v (a misaligned device load is a sticky error of the caller's context)
+     * and the shim could only report that as a bad page; the host reads them as uint16_t or
+     * float. Checked here so the words name the argument, and a host run finds it first. */
+    const size_t esz = dt == KVS_F32 ? sizeof(float) : sizeof(uint16_t);
+    if ((uintptr_t)k % esz || (uintptr_t)v % esz)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "kvs_append: %s (%p) is not %zu-byte aligned, as %s elements must be",
+                        (uintptr_t)k % esz ? "k" : "v", (uintptr_t)k % esz ? k : v, esz,
+                        dt == KVS_F32 ? "KVS_F32" : dt == KVS_F16 ? "KVS_F16" : "KVS_BF16");
     if (m == 0 || m > q->ext_m)
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
                         "kvs_append: m = %zu; the last kvs_seq_extend added %zu tokens", m,
@@ -899,6 +909,21 @@ kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t l
                         q_heads, g->kv_heads);
     if (!(sm_scale >= 0.0f) || isinf(sm_scale))
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_attention: sm_scale %g", sm_scale);
+    /* The GPU kernel stages query rows with 16-byte copies (cp.async) and its merge writes
+     * floats: it refuses a misaligned q or out (a misaligned device access is a sticky error of
+     * the caller's context), which the shim could only report as a bad page or a grid limit.
+     * q is passed through, not copied, so the shim checks both itself, on both backends: one
+     * contract, and a host run finds the mistake before the GPU does. */
+    if ((uintptr_t)qv % 16u)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "kvs_attention: q (%p) is not 16-byte aligned (the GPU kernel copies "
+                        "its rows 16 bytes at a time; every backend checks it)",
+                        (const void *)qv);
+    if ((uintptr_t)out % sizeof(float))
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "kvs_attention: out (%p) is not 4-byte aligned, as its float elements "
+                        "must be",
+                        (void *)out);
     size_t total = 0;
     for (size_t i = 0; i < nseq; i++) {
         const kvs_seq_t *q = seqs[i];
@@ -964,10 +989,6 @@ kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t l
             rc = kv_attn_merge(b.batch, splits * KV_FMT_COUNT, q_heads, d, pm, pl, po, out);
     } else {
 #ifdef KVS_HAVE_CUDA
-        if ((uintptr_t)qv % 16u != 0)
-            return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
-                            "kvs_attention: q must be 16-byte aligned on the GPU (got %p)",
-                            (const void *)qv);
         uint32_t max_pages = 0;
         for (size_t i = 0; i < nseq; i++)
             max_pages =

@@ -128,8 +128,10 @@ kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **o
  * afterwards). */
 kv_err_t kvs_seq_extend(kvs_seq_t *q, const uint32_t *tokens, size_t m);
 /* K/V of the first m (≤ the last kvs_seq_extend's m) tokens of the last kvs_seq_extend for one
- * layer: k, v [m][kv_heads][head_dim] of dtype. Quantized to FP8 (append kernel or its CPU
- * twin). Call it for every layer before kvs_seq_commit / kvs_attention of that layer. */
+ * layer: k, v [m][kv_heads][head_dim] of dtype, each aligned to its element (2 bytes for
+ * KVS_F16 / KVS_BF16, 4 for KVS_F32; INVALID_ARGUMENT naming k or v otherwise, on both
+ * backends: the append kernel cannot read misaligned rows). Quantized to FP8 (append kernel or
+ * its CPU twin). Call it for every layer before kvs_seq_commit / kvs_attention of that layer. */
 kv_err_t kvs_append(kvs_seq_t *q, uint32_t layer, const void *k, const void *v, kvs_dtype_t dt,
                     size_t m);
 /* Seal the pages that are full and not sealed yet. FAILED_PRECONDITION while a layer lacks
@@ -142,8 +144,11 @@ size_t kvs_seq_pages(const kvs_seq_t *q, uint32_t *pages, size_t cap);
 /* Decode attention of one query per sequence (nseq ≤ KVS_MAX_BATCH) over its whole length
  * (every token's K/V of `layer` appended, else FAILED_PRECONDITION): q, out
  * [nseq][q_heads][head_dim] float (q_heads a multiple of kv_heads; query head h reads KV head
- * h / (q_heads / kv_heads)). sm_scale 0: 1/sqrt(head_dim). On the GPU q must be 16-byte
- * aligned (INVALID_ARGUMENT otherwise; cudaMalloc'd buffers are). */
+ * h / (q_heads / kv_heads)). sm_scale 0: 1/sqrt(head_dim). q must be 16-byte aligned (the GPU
+ * kernel copies its rows 16 bytes at a time, from q itself) and out 4-byte aligned, on both
+ * backends, so a host run keeps the GPU's contract: INVALID_ARGUMENT naming q or out otherwise
+ * (malloc'd and cudaMalloc'd buffers are aligned; a pointer into the middle of a row may not
+ * be). */
 kv_err_t kvs_attention(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t layer,
                        uint32_t q_heads, const float *q, float sm_scale, float *out);
 /* Close the daemon-side sequence (dropping every reference of its table, a lost one's too) and

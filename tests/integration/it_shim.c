@@ -5,9 +5,10 @@
  *    pages. B (another process, while A still holds its sequence): 2 pages cached, its table
  *    starts with A's sealed pages, it computes only the last 8 tokens, and its attention equals
  *    A's bit for bit.
- * 2. Bad arguments: INVALID_ARGUMENT with a message naming the field; misuse of the sequence
- *    state (attention or commit before every layer is appended, append into sealed pages):
- *    FAILED_PRECONDITION. kvs_close ends open sequences (no reference left).
+ * 2. Bad arguments: INVALID_ARGUMENT with a message naming the field (a misaligned k, v, q or
+ *    out: the argument and the alignment it needs, on the host as on the GPU); misuse of the
+ *    sequence state (attention or commit before every layer is appended, append into sealed
+ *    pages): FAILED_PRECONDITION. kvs_close ends open sequences (no reference left).
  * 3. A sealed prefix outlives kvs_seq_end; a prompt that is wholly cached still leaves its last
  *    page to compute, and committing it deduplicates to the cached page.
  * 4. f16 and bf16 inputs give the same FP8 page bytes as float inputs of the same values.
@@ -355,6 +356,14 @@ static void test_bad_arguments(void **state)
     expect(kvs_append(q, 0, kv, kv, KVS_F32, 21), INV, s, "m = 21");
     expect(kvs_append(q, 0, NULL, kv, KVS_F32, 20), INV, s, "k is NULL");
     expect(kvs_append(q, 0, kv, NULL, KVS_F32, 20), INV, s, "v is NULL");
+    /* Misaligned rows: the GPU's append kernel refused them and the shim said "a page of the
+     * table is not a valid unsealed FP8 page"; the host read them unaligned (undefined). Now
+     * refused on every backend, naming the argument and the alignment (failed before: OK). */
+    const char *kvb = (const char *)kv;
+    expect(kvs_append(q, 0, kvb + 2, kv, KVS_F32, 20), INV, s, "k (");
+    expect(kvs_append(q, 0, kvb + 2, kv, KVS_F32, 20), INV, s, "not 4-byte aligned");
+    expect(kvs_append(q, 0, kv, kvb + 1, KVS_F16, 20), INV, s, "v (");
+    expect(kvs_append(q, 0, kv, kvb + 1, KVS_BF16, 20), INV, s, "not 2-byte aligned");
     expect(kvs_attention(s, &q, 1, 0, QH, qv, 0, out), PRE, s, "kvs_append first");
     expect(kvs_seq_commit(q), PRE, s, "layer 0");
     assert_int_equal(fill(q, 0, 20, KVS_F32), KV_ERR_OK);
@@ -368,6 +377,16 @@ static void test_bad_arguments(void **state)
     expect(kvs_attention(s, &q, 1, 0, QH, qv, -1.0f, out), INV, s, "sm_scale");
     kvs_seq_t *none[1] = {NULL};
     expect(kvs_attention(s, none, 1, 0, QH, qv, 0, out), INV, s, "seqs[0] is NULL");
+    /* Misaligned q and out: the GPU kernels refused them and the shim blamed a page or a grid
+     * limit; the host computed. Now refused on every backend with the alignment (failed
+     * before: OK on the host). */
+    _Alignas(16) float qa[QH * HD + 4] = {0}, oa[QH * HD + 1];
+    expect(kvs_attention(s, &q, 1, 0, QH, qa + 1, 0, oa), INV, s, "q (");
+    expect(kvs_attention(s, &q, 1, 0, QH, qa + 2, 0, oa), INV, s, "not 16-byte aligned");
+    float *oddout = (float *)(void *)((char *)oa + 2);
+    expect(kvs_attention(s, &q, 1, 0, QH, qa, 0, oddout), INV, s, "out (");
+    expect(kvs_attention(s, &q, 1, 0, QH, qa, 0, oddout), INV, s, "not 4-byte aligned");
+    assert_int_equal(kvs_attention(s, &q, 1, 0, QH, qa, 0, oa + 1), KV_ERR_OK); /* 4 is enough */
     assert_int_equal(kvs_attention(s, &q, 1, 0, QH, qv, 0, out), KV_ERR_OK);
     /* after the commit the first page is sealed: the same extend cannot be written again */
     assert_int_equal(kvs_seq_commit(q), KV_ERR_OK);
