@@ -28,13 +28,17 @@ import subprocess
 import sys
 
 
-def kernel(tool, obj, d, p16):
-    """(address, instruction) of attn_fast_kernel<d, p16> in obj (an object from before v32,
-    whose kernel has no p16 parameter, matches with p16 = 0)"""
+def kernel(tool, obj, d, p16, warps=None):
+    """(address, instruction) of attn_fast_kernel<d, p16, warps> in obj (an object from before
+    v36, whose kernel has no warps parameter, matches any warps; one from before v32, whose
+    kernel has no p16 parameter, matches with p16 = 0)"""
     run = subprocess.run([tool, "-sass", obj], capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit("sass_loops.py: cuobjdump failed on %s: %s" % (obj, run.stderr.strip()))
-    keys = ["attn_fast_kernelILi%sELb%dEE" % (d, p16)] + (["attn_fast_kernelILi%sEE" % d]
+    if warps is None:
+        warps = 4 if int(d) == 256 else 16
+    keys = ["attn_fast_kernelILi%sELb%dELi%dEE" % (d, p16, warps),
+            "attn_fast_kernelILi%sELb%dEE" % (d, p16)] + (["attn_fast_kernelILi%sEE" % d]
                                                           if not p16 else [])
     ins, on = [], False
     for line in run.stdout.split("\n"):
@@ -74,6 +78,8 @@ def main():
     ap.add_argument("--d", default="128", help="head_dim of the kernel (64, 128, 256)")
     ap.add_argument("--p16", type=int, default=0, choices=(0, 1),
                     help="the kernel's page-tokens-16 variant (v32: 1 is what kvd's pages run)")
+    ap.add_argument("--warps", type=int, help="the kernel's warps per block (v36: 16 or 8 at "
+                    "d <= 128, 4 at 256; default 16 / 4); an object from before v36 has one")
     ap.add_argument("--min", type=int, default=300, help="smallest loop to report")
     ap.add_argument("--against", help="another object file: compare its loops with OBJ's")
     ap.add_argument("--against-p16", type=int, choices=(0, 1),
@@ -85,11 +91,12 @@ def main():
     tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
     if not tool:
         sys.exit("sass_loops.py: cuobjdump not found (set CUOBJDUMP)")
-    ins = kernel(tool, args.obj, args.d, args.p16)
+    ins = kernel(tool, args.obj, args.d, args.p16, args.warps)
     mine = loops(ins, args.min)
     other = (loops(kernel(tool, args.against, args.d, args.p16 if args.against_p16 is None
                           else args.against_p16), args.min) if args.against else [])
-    print("attn_fast_kernel<%s, %d>: %d instructions" % (args.d, args.p16, len(ins)))
+    print("attn_fast_kernel<%s, %d%s>: %d instructions"
+          % (args.d, args.p16, ", %d" % args.warps if args.warps else "", len(ins)))
     for n, (lo, hi, body) in enumerate(mine):
         def count(pat):
             return sum(1 for t in body if re.match(r"(@!?U?P\w+\s+)?" + pat, t))

@@ -766,13 +766,15 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
 #ifndef KVK_FAST_WARPS256
 #define KVK_FAST_WARPS256 4
 #endif
+/* d ≤ 128: warps of a block that has its SM to itself, and of one of two (launch_partial) */
+constexpr int kWarpsOne = KVK_FAST_WARPS128, kWarpsTwo = KVK_FAST_WARPS128 / 2;
 
-template <int D> struct FastCfg {
+template <int D, int WARPS = D == 256 ? KVK_FAST_WARPS256 : KVK_FAST_WARPS128> struct FastCfg {
     static constexpr uint32_t kStage8 = 32u * D + 128u; /* K codes, K scales, V codes, V scales */
     static constexpr uint32_t kStageT = 12u * D + 96u;  /* K units, γ, V units, scale, zero */
     /* v5: 4 blocks (16 warps) per SM at d ≤ 128 — the TQ3 path is latency-bound (v4 ncu) —
      * so the rings shrink to fit 4 blocks: 2 FP8 / 6 TQ3 stages */
-    static constexpr int kWarps = D == 256 ? KVK_FAST_WARPS256 : KVK_FAST_WARPS128;
+    static constexpr int kWarps = WARPS;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kMinBlocks = (D == 256 ? 8 : 16) / kWarps;
     static constexpr int kNs8 = 2;
@@ -956,11 +958,11 @@ template <int D> __device__ __forceinline__ void fwht_warp(float (&v)[D / 32], u
     }
 }
 
-template <int D, int FMT, bool P16>
+template <int D, int FMT, bool P16, int WARPS>
 __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &bk,
                                            const FastSmem<D> &sm)
 {
-    using C = FastCfg<D>;
+    using C = FastCfg<D, WARPS>;
     constexpr int KS = D / 16;
     constexpr int NC = D / 32;
     constexpr int R = D / 16 < 8 ? D / 16 : 8;
@@ -1603,7 +1605,7 @@ __device__ __forceinline__ void fast_phase(const AttnArgs &a, const FastBlock &b
 /* the empty partition of kvkern.h: (−inf, 0) and no Ō row, which the merge never reads for
  * l = 0 (kvkern_cuda.h). v31: writing the gh·D zeros took 12 stores and their index math per
  * thread of a d = 256 block without FP8 pages, cold code ahead of its TQ3 phase. */
-template <int D>
+template <int D, int WARPS>
 __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &bk, int fmt)
 {
     const size_t part = ((size_t)bk.s * a.num_splits + bk.split) * KV_FMT_COUNT + (size_t)fmt;
@@ -1614,7 +1616,7 @@ __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &b
         }
     } else { /* v29's loop, zeros included: dropping them re-drew this kernel's hot loops into
               * slower forms (bench/sass_loops.py), and its blocks write few of them */
-        for (uint32_t i = threadIdx.x; i < bk.gh * D; i += FastCfg<D>::kThreads) {
+        for (uint32_t i = threadIdx.x; i < bk.gh * D; i += FastCfg<D, WARPS>::kThreads) {
             const uint32_t h = i / D, x = i % D;
             if (x == 0) {
                 a.part_m[part * a.q_heads + bk.h0 + h] = -INFINITY;
@@ -1688,10 +1690,11 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
      * over), so the stages sit past the combine's buffer (kSo) and the barriers are named
      * ones of the tail warps only */
     constexpr uint32_t TT = NT - 32 * kTailWarp0, NTW = TT / 32;
-    constexpr size_t kSo = (size_t)FastCfg<D>::kWarps * kMaxGroup * FastCfg<D>::kORow * 4;
+    using C = FastCfg<D, (int)NT / 32>;
+    constexpr size_t kSo = (size_t)C::kWarps * kMaxGroup * C::kORow * 4;
     static_assert(!tail_enabled<D>() || kSo + 2 * kTailTokens * D + 4 * kMaxGroup * D +
                                              4 * 4 * kMaxGroup * (D + 2) <=
-                      FastCfg<D>::kSmem,
+                      C::kSmem,
                   "the tail's stages and partials fit in the rings past the combine's buffer");
     if (threadIdx.x < 32 * kTailWarp0)
         return;
@@ -1834,13 +1837,13 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
     }
 }
 
-template <int D, bool P16>
-__global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
+template <int D, bool P16, int WARPS>
+__global__ void __launch_bounds__(FastCfg<D, WARPS>::kThreads, FastCfg<D, WARPS>::kMinBlocks)
     attn_fast_kernel(AttnArgs a)
 {
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ __align__(16) float s_q[kMaxGroup][FastQRow<D>::kLen];
-    constexpr int W = FastCfg<D>::kWarps, NT = FastCfg<D>::kThreads;
+    constexpr int W = FastCfg<D, WARPS>::kWarps, NT = FastCfg<D, WARPS>::kThreads;
     __shared__ float s_m[W][kMaxGroup], s_l[W][kMaxGroup], s_z[W][kMaxGroup];
     __shared__ uint32_t s_tn[W][8];
     __shared__ uint32_t s_sgn[32];
@@ -1945,13 +1948,13 @@ __global__ void __launch_bounds__(FastCfg<D>::kThreads, FastCfg<D>::kMinBlocks)
 
     FastSmem<D> sm = {s_q, s_m, s_l, s_z, s_tn, s_sgn, smem};
     if (h8 && !tail)
-        fast_phase<D, KV_FMT_FP8, P16>(a, bk, sm);
+        fast_phase<D, KV_FMT_FP8, P16, WARPS>(a, bk, sm);
     else if (!tail)
-        fast_empty<D>(a, bk, KV_FMT_FP8);
+        fast_empty<D, WARPS>(a, bk, KV_FMT_FP8);
     if (ht)
-        fast_phase<D, KV_FMT_TQ3, P16>(a, bk, sm);
+        fast_phase<D, KV_FMT_TQ3, P16, WARPS>(a, bk, sm);
     else
-        fast_empty<D>(a, bk, KV_FMT_TQ3);
+        fast_empty<D, WARPS>(a, bk, KV_FMT_TQ3);
     /* s_f8 again, not `tail`: a register live across the phases' loops moves ptxas's
      * allocation of them. Block-uniform. */
     if (tail_enabled<D>() && s_f8[kF8On]) {
@@ -2127,13 +2130,13 @@ template <int D, int FMT> cudaError_t set_attr()
                                 (int)partial_smem<D, FMT>());
 }
 
-template <int D> cudaError_t set_fast_attr()
+template <int D, int WARPS> cudaError_t set_fast_attr()
 {
     cudaError_t e = cudaSuccess;
-    for (auto k : {attn_fast_kernel<D, false>, attn_fast_kernel<D, true>}) /* v14's, v32's plan */
-        if (e == cudaSuccess)
+    for (auto k : {attn_fast_kernel<D, false, WARPS>, attn_fast_kernel<D, true, WARPS>})
+        if (e == cudaSuccess) /* v14's plan, v32's */
             e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)FastCfg<D>::kSmem);
+                                     (int)FastCfg<D, WARPS>::kSmem);
     return e;
 }
 
@@ -2160,8 +2163,11 @@ cudaError_t init_once()
         const cudaError_t r[] = {set_attr<64, KV_FMT_FP8>(),  set_attr<64, KV_FMT_TQ3>(),
                                  set_attr<128, KV_FMT_FP8>(), set_attr<128, KV_FMT_TQ3>(),
                                  set_attr<256, KV_FMT_FP8>(), set_attr<256, KV_FMT_TQ3>(),
-                                 set_fast_attr<64>(),         set_fast_attr<128>(),
-                                 set_fast_attr<256>()};
+                                 set_fast_attr<64, kWarpsOne>(),
+                                 set_fast_attr<128, kWarpsOne>(),
+                                 set_fast_attr<64, kWarpsTwo>(),
+                                 set_fast_attr<128, kWarpsTwo>(),
+                                 set_fast_attr<256, KVK_FAST_WARPS256>()};
         for (cudaError_t x : r)
             e = e == cudaSuccess ? x : e;
         return e;
@@ -2188,12 +2194,39 @@ cudaError_t launch_ex(void (*kernel)(P...), dim3 grid, uint32_t threads, size_t 
     return e;
 }
 
+template <int D, int WARPS> cudaError_t launch_fast(const AttnArgs &a, dim3 grid, cudaStream_t st)
+{
+    return launch_ex(fast_run16(a.g, a.pools) ? attn_fast_kernel<D, true, WARPS>
+                                              : attn_fast_kernel<D, false, WARPS>,
+                     grid, FastCfg<D, WARPS>::kThreads, FastCfg<D, WARPS>::kSmem, st, a);
+}
+
+/* v36: the d ≤ 128 grid's blocks per SM. One block of 16 warps (v22) where the grid fits the
+ * SMs at one block each (kvk_cuda_attn_suggest_splits' splits at B=8); two of 8 where it does
+ * not (one split, B × KV heads over the SM count: serving batches), so that the grid runs in
+ * half the waves and one block's prologue and epilogue overlap the other's loop. H200, session
+ * 15: B=32 4K all-TQ3 0.0609 → 0.0487 ms, mix 0.0672 → 0.0541, B=128 4K 0.2333 → 0.1803;
+ * at B=8 (128 blocks) two of 8 were 2-4% slower. */
+bool two_per_sm(dim3 grid)
+{
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return (uint64_t)grid.x * grid.y * grid.z > (uint64_t)sms;
+}
+
 template <int D> cudaError_t launch_partial(const AttnArgs &a, dim3 grid, cudaStream_t st)
 {
-    if (a.g.page_tokens % 16 == 0)
-        return launch_ex(fast_run16(a.g, a.pools) ? attn_fast_kernel<D, true>
-                                                  : attn_fast_kernel<D, false>,
-                         grid, FastCfg<D>::kThreads, FastCfg<D>::kSmem, st, a);
+    if (a.g.page_tokens % 16 == 0) {
+        if constexpr (D == 256)
+            return launch_fast<D, KVK_FAST_WARPS256>(a, grid, st);
+        else
+            return two_per_sm(grid) ? launch_fast<D, kWarpsTwo>(a, grid, st)
+                                    : launch_fast<D, kWarpsOne>(a, grid, st);
+    }
     cudaError_t e = launch_ex(attn_partial_kernel<D, KV_FMT_FP8>, grid, kThreads,
                               partial_smem<D, KV_FMT_FP8>(), st, a);
     if (e != cudaSuccess)
