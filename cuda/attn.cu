@@ -741,7 +741,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 1 : 2) attn_partial_kerne
  *     16-token tile, docs/perf.md). Two tiles per loop iteration (v11).
  *   - QK as Sᵀ = K·Qᵀ: the 16 tokens fill the MMA rows (v4); P is moved back to the PV
  *     operand layout by two movmatrix.trans.
- *   - 16 warps per block, one block per SM at d ≤ 128 (≤ 128 registers; v22, 4 blocks of 4
+ *   - 16 warps per block, one block per SM at d ≤ 128 (v36: two blocks of 8 where the grid has
+ *     more blocks than SMs, launch_partial) (≤ 128 registers; v22, 4 blocks of 4
  *     warps before), 2 blocks of 4 warps at d = 256; splits chosen so that all blocks are
  *     resident at once (kvk_cuda_attn_suggest_splits).
  *   - v7/v8 cut the fixed per-block costs that a timeline probe (KVK_ATTN_TRACE below) showed:
@@ -2381,7 +2382,8 @@ extern "C" uint32_t kvk_cuda_attn_suggest_splits(uint32_t batch, uint32_t kv_hea
     /* One wave: the fast kernel's launch bounds guarantee kMinBlocks resident blocks per SM
      * (v22: one block of 16 warps at head_dim ≤ 128, two of 4 at 256), so that many blocks all
      * run at once and each does the same work (a second, partial wave would idle most of the
-     * device at its end). At least 16 pages a split. */
+     * device at its end). At least 16 pages a split. Where one split still leaves more blocks
+     * than SMs (serving batches), launch_partial runs two blocks of 8 warps per SM (v36). */
     const uint64_t per_sm = head_dim > 128 ? FastCfg<256>::kMinBlocks : FastCfg<128>::kMinBlocks;
     uint64_t want = (uint64_t)sm_count * per_sm / blocks;
     const uint64_t by_pages = max_pages / 16;
