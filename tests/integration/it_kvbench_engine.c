@@ -706,9 +706,10 @@ static void test_engine_worker_dead_before_start_does_not_hang(void **state)
     kvd_drained_stop(&k, tmp, log);
 }
 
-/* 1 when pid is blocked in write(fd, ...), 0 when not, -1 when /proc/PID/syscall cannot say
- * (no such file or not readable here: the caller skips) */
-static int blocked_writing(pid_t pid, int fd)
+/* 1 when pid's main thread is in system call nr with first argument a0 (any when a0 is
+ * ~0ul), 0 when not, -1 when /proc/PID/syscall cannot say (no such file or not readable
+ * here: the caller skips) */
+static int in_syscall_on(pid_t pid, long want, unsigned long a0_want)
 {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/syscall", (int)pid);
@@ -719,7 +720,13 @@ static int blocked_writing(pid_t pid, int fd)
     unsigned long a0 = 0;
     int got = fscanf(f, "%ld 0x%lx", &nr, &a0); /* "running" while it runs */
     fclose(f);
-    return got == 2 && nr == SYS_write && a0 == (unsigned long)fd;
+    return got >= 1 && nr == want && (a0_want == ~0ul || (got == 2 && a0 == a0_want));
+}
+
+/* 1 when pid is blocked in write(fd, ...), 0 when not, -1 when that cannot be read */
+static int blocked_writing(pid_t pid, int fd)
+{
+    return in_syscall_on(pid, SYS_write, (unsigned long)fd);
 }
 
 /* pid's state letter in /proc/PID/stat ('Z': dead, not reaped), or 0 when it is gone */
@@ -925,19 +932,10 @@ static void test_engine_worker_hung_before_start_times_out(void **state)
                      "killed by kvbench (SIGKILL): not ready after 2 s (--ready-timeout)");
 }
 
-/* 1 when pid's main thread is in system call nr (/proc/PID/syscall), 0 when not, -1 when that
- * cannot be read */
+/* 1 when pid's main thread is in system call nr, 0 when not, -1 when that cannot be read */
 static int in_syscall(pid_t pid, long want)
 {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/syscall", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    long nr = -1;
-    int got = fscanf(f, "%ld", &nr);
-    fclose(f);
-    return got == 1 && nr == want;
+    return in_syscall_on(pid, want, ~0ul);
 }
 
 static void test_engine_worker_dead_after_ready_says_so(void **state)
