@@ -94,7 +94,8 @@ def main():
     ins = kernel(tool, args.obj, args.d, args.p16, args.warps)
     mine = loops(ins, args.min)
     other = (loops(kernel(tool, args.against, args.d, args.p16 if args.against_p16 is None
-                          else args.against_p16), args.min) if args.against else [])
+                          else args.against_p16, args.warps), args.min)
+             if args.against else [])
     print("attn_fast_kernel<%s, %d%s>: %d instructions"
           % (args.d, args.p16, ", %d" % args.warps if args.warps else "", len(ins)))
     for n, (lo, hi, body) in enumerate(mine):

@@ -1636,10 +1636,10 @@ __device__ __forceinline__ void fast_empty(const AttnArgs &a, const FastBlock &b
  * three pages (48 tokens) instead of two. At one split (B=32-128, 4K-8K tokens, 32 query / 8
  * KV heads) the FP8 phase had made the mix 12-18% slower than all-TQ3; with the tail it runs
  * 6-9% faster than v34 (B=32 4K 0.0717 → 0.0670 ms, B=128 8K 0.4008 → 0.3740; H200, session
- * 15), while the two-split shapes' mix lost 1-2.5% (B=8 32K 0.0798 → 0.0806: a third,
- * empty item per head; a body of two items for those, and other forms, re-drew the FP8 loop
- * slower, docs/perf.md "Session 15"). A split that holds TQ3 pages and at most kTailPages FP8
- * pages of at most kTailTokens live tokens runs no FP8 phase:
+ * 15), while the two-split shapes' mix lost 1-2.5% (B=8 32K 0.0798 → 0.0806), not to the
+ * third item of no tokens: skipping it (below) measured within 0.5%. Forms with fewer items
+ * re-drew the FP8 loop slower (docs/perf.md "Session 15"). A split that holds TQ3 pages and
+ * at most kTailPages FP8 pages of at most kTailTokens live tokens runs no FP8 phase:
  * - the prescan lists those pages in s_f8 (kF8…) and prefetches them into L2;
  * - after the TQ3 phase's loops, while warps 0-3 still combine the TQ3 heads, warps 4-15
  *   stage the tokens' K and V rows and the group's query rows in the rings past the combine's
@@ -1741,6 +1741,15 @@ __device__ __noinline__ void fast_tail(uint8_t *buf, const uint8_t *k0, const ui
     for (uint32_t it = warp; it < IPH * gh; it += W) {
         const uint32_t h = it / IPH, t = TI * (it % IPH) + ti;
         const uint32_t up = TI * (it % IPH) >= 32u; /* warp-uniform: the item's 16 tokens */
+        if (TI * (it % IPH) >= nt) { /* no tokens (one or two pages): the empty partial only */
+            float *xr = xs + it * (D + 2);
+#pragma unroll
+            for (uint32_t k = 0; k < NE && k < 4; k++)
+                xr[lane * NE + k] = 0.0f;
+            if (lane == 0)
+                xr[D] = -INFINITY, xr[D + 1] = 0.0f;
+            continue;
+        }
         const float *qh = sq + h * D + tj * (D / LPT);
         float s, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (t < nt) {
