@@ -513,8 +513,13 @@ kv_err_t kvs_seq_begin(kvs_t *s, const uint32_t *tokens, size_t n, kvs_seq_t **o
          * acquired: every prompt longer than that failed to begin. Reuse is an optimisation,
          * so look up fewer pages (halving; kept for later begins) and let the engine compute
          * the rest. */
-        while (e == KV_ERR_INVALID_ARGUMENT && ask > 1) {
+        while (e == KV_ERR_INVALID_ARGUMENT && ask > 0) {
             s->lookup_pages = ask = ask / 2;
+            if (ask == 0) { /* not even one page fits now: reuse nothing, as when the hello */
+                np = 0;     /* told a max_tokens below a page (kvs_open), and begin uncached */
+                e = KV_ERR_OK;
+                break;
+            }
             e = kvc_lookup(s->c, tokens, ask * pt, NULL, 0, 0, q->pages, ask, &np, &matched);
         }
         if (e != KV_ERR_OK) {

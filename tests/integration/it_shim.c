@@ -1000,6 +1000,20 @@ static void test_begin_beyond_a_lower_max_tokens(void **state)
     assert_int_equal(itest_stat(&k, "lookups"), lookups);
     assert_int_equal(invalid_replies(port), 2);
     assert_int_equal(kvs_seq_end(&q), KV_ERR_OK);
+    /* the same limit reached by the first shim at run time (its lookup is down to one page):
+     * that page is refused, and the prompt begins uncached, as for s2, instead of failing */
+    e = kvs_seq_begin(s, tok, N, &q, &cached);
+    if (e != KV_ERR_OK)
+        fail_msg("begin of %d tokens after max_tokens was lowered to 8: %s (%s)", N,
+                 kv_err_name(e), kvs_errmsg(s));
+    assert_int_equal(cached, 0);
+    assert_int_equal(invalid_replies(port), 3);
+    assert_int_equal(kvs_seq_end(&q), KV_ERR_OK);
+    /* and it sends no lookup after that */
+    assert_int_equal(kvs_seq_begin(s, tok, N, &q, &cached), KV_ERR_OK);
+    assert_int_equal(invalid_replies(port), 3);
+    assert_int_equal(itest_stat(&k, "lookups"), lookups);
+    assert_int_equal(kvs_seq_end(&q), KV_ERR_OK);
     kvs_close(&s2);
     kvs_close(&s);
     assert_int_equal(itest_stat(&k, "request_refs"), 0);
