@@ -637,7 +637,10 @@ int kvd_snap_load(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id, kv
     return KV_ERR_OK;
 }
 
-static int write_all(int fd, const struct iovec *iov, int iovcnt, char *err, size_t errlen)
+/* path: the file behind fd, for the message (the log line must say which file ran out of
+ * room: the snapshot's .tmp or the salt's) */
+static int write_all(int fd, const char *path, const struct iovec *iov, int iovcnt, char *err,
+                     size_t errlen)
 {
     struct iovec v[2];
     memcpy(v, iov, sizeof(struct iovec) * (size_t)iovcnt);
@@ -647,7 +650,8 @@ static int write_all(int fd, const struct iovec *iov, int iovcnt, char *err, siz
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {
-            kvd_fmt(err, errlen, "write failed: %s", w < 0 ? strerror(errno) : "no progress");
+            kvd_fmt(err, errlen, "write to %s failed: %s", path,
+                    w < 0 ? strerror(errno) : "no progress");
             return KV_ERR_IO;
         }
         size_t left = (size_t)w;
@@ -896,7 +900,7 @@ int kvd_snap_writer_flush(kvd_snap_writer_t *w)
         return w->rc;
     if (w->rc == KV_ERR_OK && w->staged) {
         struct iovec v = {w->buf, w->staged};
-        if (write_all(w->fd, &v, 1, w->err, sizeof(w->err)) != KV_ERR_OK)
+        if (write_all(w->fd, w->tmp, &v, 1, w->err, sizeof(w->err)) != KV_ERR_OK)
             snap_writer_fail(w, KV_ERR_IO);
         w->staged = 0;
     }
@@ -1022,7 +1026,7 @@ int kvd_snap_salt_load(const char *dir, uint8_t salt[KVD_HASH_KEY_BYTES], int *c
             return KV_ERR_IO;
         }
         struct iovec v = {salt, KVD_HASH_KEY_BYTES};
-        int rc = write_all(fd, &v, 1, err, errlen);
+        int rc = write_all(fd, tmp, &v, 1, err, errlen);
         if (rc == KV_ERR_OK && fsync(fd) != 0) {
             kvd_fmt(err, errlen, "fsync(%s) failed: %s", tmp, strerror(errno));
             rc = KV_ERR_IO;

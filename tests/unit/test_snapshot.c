@@ -6,15 +6,19 @@
  * bytes, oversized counts), the loader's fallback to the older generation and its rollback of
  * a half-restored file, the budget when the pool is smaller than the snapshot, generations
  * kept, stale .tmp files, a directory that cannot be listed, the salt file's checks,
- * allocation failure during a load, and the end of a sliced write (rename, pruning) done by
- * the thread of its last flush, not by end's.
+ * allocation failure during a load, the end of a sliced write (rename, pruning) done by
+ * the thread of its last flush, not by end's, and a write that runs out of room (short write,
+ * then an error naming the file; the .tmp removed, the previous generation kept).
  * Fixture: core_fixture.h (3 tokens per page, 7 FP8 and 5 TQ3 pages).
  */
 #include "core_fixture.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -866,6 +870,84 @@ static void test_bad_directory(void **state)
     kvd_core_free(&a);
 }
 
+/* A write that runs out of room (disk full, a file size limit): RLIMIT_FSIZE makes write()
+ * stop short in the middle of a record, then fail (EFBIG, as ENOSPC would). The .tmp is
+ * removed, generation 1 stays and loads, and the error names the file that could not be
+ * written ("write failed: File too large" alone did not say which, nor that it was the
+ * snapshot's or the salt's). The limit is lifted before any assertion. */
+static int write_limited(rlim_t bytes, int (*fn)(void *), void *ud)
+{
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = bytes;
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN); /* else the kernel kills the test */
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int rc = fn(ud);
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, prev);
+    return rc;
+}
+
+typedef struct limited_s {
+    kvd_core_t *c;
+    const kvd_snap_ident_t *id;
+    const char *dir;
+    char err[512];
+} limited_t;
+
+static int limited_write(void *ud)
+{
+    limited_t *l = ud;
+    kvd_snap_result_t r;
+    return kvd_snap_write(l->c, l->dir, l->id, &r, l->err, sizeof(l->err));
+}
+
+static int limited_salt(void *ud)
+{
+    limited_t *l = ud;
+    uint8_t salt[32];
+    int created;
+    return kvd_snap_salt_load(l->dir, salt, &created, l->err, sizeof(l->err));
+}
+
+static void test_write_disk_full(void **state)
+{
+    kvd_snap_ident_t id;
+    kvd_snap_result_t r, lr;
+    char err[512] = "";
+    kvd_core_t *a = snapped_core(&id, &r); /* generation 1, 3 FP8 pages */
+    limited_t l = {.c = a, .id = &id, .dir = tdir};
+    /* room for the header and half of record 0: one short write, then EFBIG */
+    int rc = write_limited(160 + 64 + id.page_bytes[KV_FMT_FP8] / 2, limited_write, &l);
+    if (rc != KV_ERR_IO)
+        fail_msg("write under a file size limit -> %s: %s", kv_err_name(rc), l.err);
+    char tmp[512];
+    gen_path(tmp, sizeof(tmp), 2, ".tmp");
+    if (!strstr(l.err, tmp) || !strstr(l.err, strerror(EFBIG)))
+        fail_msg("the error does not name %s and the cause: '%s'", tmp, l.err);
+    assert_false(gen_exists(2, ".tmp"));
+    assert_false(gen_exists(2, ""));
+    assert_true(gen_exists(1, ""));
+    kvd_core_t *b = snap_core(FX_FP8, FX_TQ3);
+    SNAP_OK(kvd_snap_load(b, tdir, &id, NULL, NULL, &lr, err, sizeof(err)));
+    assert_int_equal(lr.generation, 1);
+    assert_int_equal(lr.pages, 3);
+    kvd_core_free(&b);
+    /* the salt's write: no salt, no salt.tmp, the message names salt.tmp */
+    char dir[128], path[160];
+    snprintf(dir, sizeof(dir), "%s/salted", tdir);
+    l.dir = dir;
+    assert_int_equal(write_limited(16, limited_salt, &l), KV_ERR_IO);
+    snprintf(path, sizeof(path), "%s/salt.tmp", dir);
+    if (!strstr(l.err, path) || !strstr(l.err, strerror(EFBIG)))
+        fail_msg("the error does not name %s and the cause: '%s'", path, l.err);
+    assert_int_equal(access(path, F_OK), -1);
+    snprintf(path, sizeof(path), "%s/salt", dir);
+    assert_int_equal(access(path, F_OK), -1);
+    kvd_core_free(&a);
+}
+
 /* ---- salt file --------------------------------------------------------------------------- */
 static void test_salt_file(void **state)
 {
@@ -926,6 +1008,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_salt_file, tdir_setup, tdir_teardown),
         cmocka_unit_test_setup_teardown(test_writer_vanished, tdir_setup, tdir_teardown),
         cmocka_unit_test_setup_teardown(test_writer_end_off_thread, tdir_setup, tdir_teardown),
+        cmocka_unit_test_setup_teardown(test_write_disk_full, tdir_setup, tdir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
