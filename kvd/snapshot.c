@@ -1017,10 +1017,14 @@ int kvd_snap_salt_load(const char *dir, uint8_t salt[KVD_HASH_KEY_BYTES], int *c
         randombytes_buf(salt, KVD_HASH_KEY_BYTES);
         /* written as salt.tmp and renamed: created in place, a crash between the open and the
          * fsync left a short salt that every later start refused (a crash loop until an
-         * operator deleted it). A leftover salt.tmp was never used by any snapshot. */
+         * operator deleted it). A leftover salt.tmp was never used by any snapshot; it is
+         * removed and the file made anew (O_EXCL): opened with O_TRUNC it kept its own mode
+         * and owner, so a 0644 leftover put this run's salt in a file others could read, and
+         * every later start refused it. */
         char tmp[1040];
         snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        unlink(tmp);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0) {
             kvd_fmt(err, errlen, "creating %s failed: %s", tmp, strerror(errno));
             return KV_ERR_IO;

@@ -985,12 +985,20 @@ static void test_salt_file(void **state)
     assert_int_equal(mkdir(dir2, 0700), 0);
     snprintf(tmp, sizeof(tmp), "%s/salt.tmp", dir2);
     write_file(tmp, s1, 5);
+    /* a leftover of another mode (an operator's copy, a restore): the new salt must not
+     * inherit it — opened with O_TRUNC, the salt was written 0644, used for this run, and
+     * every later start refused it ("chmod 600") */
+    assert_int_equal(chmod(tmp, 0644), 0);
     SNAP_OK(kvd_snap_salt_load(dir2, s2, &created, err, sizeof(err)));
     assert_int_equal(created, 1);
     assert_int_not_equal(stat(tmp, &st), 0); /* renamed over, not left behind */
     snprintf(path, sizeof(path), "%s/salt", dir2);
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal(st.st_size, 32);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    SNAP_OK(kvd_snap_salt_load(dir2, s1, &created, err, sizeof(err))); /* the next start */
+    assert_int_equal(created, 0);
+    assert_memory_equal(s1, s2, 32);
 }
 
 int main(void)
