@@ -440,13 +440,15 @@ int kvd_snap_load_file(kvd_core_t *c, const char *path, const kvd_snap_ident_t *
     uint64_t t0 = kvd_mono_ns();
     memset(r, 0, sizeof(*r));
     snprintf(r->path, sizeof(r->path), "%s", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* O_NONBLOCK: a FIFO under a generation's name would otherwise block the open (and the
+     * daemon's start) until a writer came; it is refused below instead */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         kvd_fmt(err, errlen, "open failed: %s", strerror(errno));
         return KV_ERR_IO;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || fcntl(fd, F_SETFL, 0) != 0) {
         kvd_fmt(err, errlen, "not a regular file");
         close(fd);
         return KV_ERR_IO;
@@ -1007,7 +1009,7 @@ int kvd_snap_salt_load(const char *dir, uint8_t salt[KVD_HASH_KEY_BYTES], int *c
     }
     char path[1024];
     snprintf(path, sizeof(path), "%s/salt", dir);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* a FIFO: refused */
     if (fd < 0 && errno == ENOENT) {
         /* first start on this directory: make the salt, durably, before any snapshot uses it */
         if (sodium_init() < 0) {
@@ -1057,7 +1059,8 @@ int kvd_snap_salt_load(const char *dir, uint8_t salt[KVD_HASH_KEY_BYTES], int *c
     }
     struct stat st;
     int rc = KV_ERR_OK;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != KVD_HASH_KEY_BYTES) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != KVD_HASH_KEY_BYTES ||
+        fcntl(fd, F_SETFL, 0) != 0) {
         kvd_fmt(err, errlen, "%s must be a regular file of exactly %d bytes", path,
                 KVD_HASH_KEY_BYTES);
         rc = KV_ERR_IO;

@@ -8,7 +8,8 @@
  * kept, stale .tmp files, a directory that cannot be listed, the salt file's checks,
  * allocation failure during a load, the end of a sliced write (rename, pruning) done by
  * the thread of its last flush, not by end's, and a write that runs out of room (short write,
- * then an error naming the file; the .tmp removed, the previous generation kept).
+ * then an error naming the file; the .tmp removed, the previous generation kept), and a FIFO
+ * where a snapshot or the salt belongs (refused, not waited on).
  * Fixture: core_fixture.h (3 tokens per page, 7 FP8 and 5 TQ3 pages).
  */
 #include "core_fixture.h"
@@ -948,6 +949,45 @@ static void test_write_disk_full(void **state)
     kvd_core_free(&a);
 }
 
+/* A FIFO under a generation's name, or as the salt: refused as not a regular file. open()
+ * without O_NONBLOCK waited for a writer that never comes — the daemon hung at start, before
+ * its sockets, without a log line. alarm() turns such a hang into a failure of this test. */
+static void test_fifo_refused(void **state)
+{
+    kvd_snap_ident_t id;
+    kvd_snap_result_t r, lr;
+    char err[512] = "";
+    kvd_core_t *a = snapped_core(&id, &r); /* generation 1 */
+    char fifo[512];
+    gen_path(fifo, sizeof(fifo), 2, "");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    kvd_core_t *b = snap_core(FX_FP8, FX_TQ3);
+    log_t lg = {0};
+    alarm(10);
+    int rc = kvd_snap_load(b, tdir, &id, log_cb, &lg, &lr, err, sizeof(err));
+    alarm(0);
+    SNAP_OK(rc);
+    assert_int_equal(lr.refused, 1);
+    assert_int_equal(lr.generation, 1);
+    assert_int_equal(lr.pages, 3);
+    assert_non_null(strstr(lg.last, fifo));
+    assert_non_null(strstr(lg.last, "not a regular file"));
+    kvd_core_free(&b);
+    char dir[128], salt[160];
+    snprintf(dir, sizeof(dir), "%s/fifo", tdir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(salt, sizeof(salt), "%s/salt", dir);
+    assert_int_equal(mkfifo(salt, 0600), 0);
+    uint8_t s[32];
+    int created;
+    alarm(10);
+    rc = kvd_snap_salt_load(dir, s, &created, err, sizeof(err));
+    alarm(0);
+    assert_int_equal(rc, KV_ERR_IO);
+    assert_non_null(strstr(err, "must be a regular file"));
+    kvd_core_free(&a);
+}
+
 /* ---- salt file --------------------------------------------------------------------------- */
 static void test_salt_file(void **state)
 {
@@ -1017,6 +1057,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_writer_vanished, tdir_setup, tdir_teardown),
         cmocka_unit_test_setup_teardown(test_writer_end_off_thread, tdir_setup, tdir_teardown),
         cmocka_unit_test_setup_teardown(test_write_disk_full, tdir_setup, tdir_teardown),
+        cmocka_unit_test_setup_teardown(test_fifo_refused, tdir_setup, tdir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
