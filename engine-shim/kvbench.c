@@ -678,6 +678,16 @@ static int bench_rpc(int argc, char **argv)
  *   begin (prefix lookup) → extend + append K/V of the uncached prompt tokens in every layer →
  *   commit (seal full pages) → G × { extend 1, append every layer, attention, commit } → end.
  *
+ * Batched decode (--batch N, default 1): a worker keeps up to N requests in flight, as a
+ * serving engine's decode batch. A decode step extends and appends one token for each of them
+ * (every layer), runs ONE kvs_attention per attended layer over all of them (nseq = N), then
+ * commits each. A request that made its G steps is ended and its slot takes the worker's next
+ * request, prefilled before the next step (continuous batching), until its R are done. The
+ * step loop is the same at N = 1: the calls of one request after another, as before batching.
+ * decode_steps and tokens/s count every sequence's token; the attention and decode-step
+ * latencies are per call / per batched step (check.attention_seqs / attention_calls: the mean
+ * batch).
+ *
  * K/V are synthetic and depend only on (position, token id, layer), so a page another request
  * sealed holds exactly what this request would have written: the prefix hits are correct reuse.
  * Values are multiples of 1/16 in [-2, 2), exact in f16, and handed to kvs_append as f16 on
@@ -719,11 +729,16 @@ static int bench_rpc(int argc, char **argv)
  * double accumulation (it_shim measures ~1e-8). A page
  * the lifecycle controller converts between the shim's read and the reference's would make the
  * two read different bytes: the directory entries of the table are compared before and after,
- * and the pair is redone when one changed. "ok" false → exit status 1.
+ * and the pair is redone when one changed. In a batch the check reads that request's rows of
+ * the batched call, which the other sequences must not change; a redo repeats the whole call.
+ * "ok" false → exit status 1.
  */
 #define ENG_REF_TOL      1e-4
 #define ENG_MAX_KVD_OPTS 16
 #define ENG_WHY_CAP      512 /* why the run was called off at the start barrier */
+/* --batch at most: well under what one kvs_attention takes, and each slot stages its tokens */
+#define ENG_MAX_BATCH 1024u
+_Static_assert(ENG_MAX_BATCH <= KVS_MAX_BATCH, "--batch beyond one kvs_attention call");
 /* default --ready-timeout: kvs_open and the reference mapping wait up to 60 s each on a daemon
  * that is slow */
 #define ENG_READY_TIMEOUT_S 300u
@@ -731,6 +746,7 @@ static int bench_rpc(int argc, char **argv)
 typedef struct eng_opts_s {
     const char *ep_arg, *kvd, *backend;
     uint32_t workers, requests, prefix, suffix, decode;
+    uint32_t batch; /* requests in flight per worker: one kvs_attention over them per layer */
     uint32_t layers, kv_heads, head_dim, page_tokens, q_heads;
     uint32_t pages_fp8, pages_tq3;                /* 0: sized from the workload */
     uint32_t ready_timeout_s;                     /* start barrier bound */
@@ -753,13 +769,20 @@ typedef struct eng_wres_s {
     int64_t wall_ns;                 /* from go to the last kvs_seq_end */
     int64_t prefill_append_ns;
     uint64_t prefill_token_layers;
-    uint64_t attn_calls, nonfinite;
+    uint64_t attn_calls, attn_seqs, nonfinite; /* attn_seqs: the calls' nseq, summed */
     uint64_t ref_checks, ref_retries;
     double ref_err_max;
     uint32_t ref_tq3_pages_max; /* TQ3 pages in the checked table at a reference check */
     /* sample counts */
     uint64_t n_begin, n_app, n_attn, n_commit, n_step;
 } eng_wres_t;
+
+/* A request in flight in a worker's batch. */
+typedef struct eng_slot_s {
+    kvs_seq_t *q;   /* NULL: the slot is free */
+    uint32_t r, st; /* the request's number, its decode steps done */
+    uint32_t *tok;  /* [P + U + G] its token ids */
+} eng_slot_t;
 
 typedef struct eng_shared_s {
     eng_wres_t *w;
@@ -942,8 +965,10 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
     kvc_t *ref = NULL;
     uint16_t *hk = NULL, *hv = NULL;
     float *hq = NULL, *hout = NULL;
-    uint32_t *tok = NULL, *pages = NULL;
+    uint32_t *tok = NULL, *pages = NULL, *bslot = NULL;
     kv_dir_entry_t *before = NULL;
+    eng_slot_t *slots = NULL;
+    kvs_seq_t **bseq = NULL;
     void *dk = NULL, *dv = NULL, *dq = NULL, *dout = NULL; /* device buffers (cuda pools) */
     char name[32];
     snprintf(name, sizeof name, "kvbench-w%u", w);
@@ -959,21 +984,29 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
     size_t row = (size_t)g->kv_heads * g->head_dim, qn = (size_t)o->q_heads * g->head_dim;
     uint32_t attn_layers = o->attn_all ? g->layers : 1;
     uint32_t maxpages = (uint32_t)((total + g->page_tokens - 1) / g->page_tokens);
+    /* no more slots than requests: a batch of 8 over 3 requests holds 3 */
+    uint32_t nslots = o->batch < o->requests ? o->batch : o->requests;
     hk = malloc(sizeof(uint16_t) * n * row);
     hv = malloc(sizeof(uint16_t) * n * row);
-    hq = malloc(sizeof(float) * qn);
-    hout = malloc(sizeof(float) * qn);
-    tok = malloc(sizeof(uint32_t) * total);
+    hq = malloc(sizeof(float) * nslots * qn);
+    hout = malloc(sizeof(float) * nslots * qn);
+    tok = malloc(sizeof(uint32_t) * total * nslots);
     pages = malloc(sizeof(uint32_t) * maxpages);
     before = malloc(sizeof(kv_dir_entry_t) * maxpages);
-    if (!hk || !hv || !hq || !hout || !tok || !pages || !before)
-        EW_FAIL("out of memory (K/V staging of %llu tokens)", (unsigned long long)n);
+    slots = calloc(nslots, sizeof *slots);
+    bslot = malloc(sizeof(uint32_t) * nslots);
+    bseq = malloc(sizeof(kvs_seq_t *) * nslots);
+    if (!hk || !hv || !hq || !hout || !tok || !pages || !before || !slots || !bslot || !bseq)
+        EW_FAIL("out of memory (K/V staging of %llu tokens, batch %u)", (unsigned long long)n,
+                nslots);
+    for (uint32_t b = 0; b < nslots; b++)
+        slots[b].tok = tok + (size_t)b * total;
     if (res->on_device) {
 #ifdef KVB_HAVE_CUDA
         EW_CUDA(cudaMalloc(&dk, sizeof(uint16_t) * n * row));
         EW_CUDA(cudaMalloc(&dv, sizeof(uint16_t) * n * row));
-        EW_CUDA(cudaMalloc(&dq, sizeof(float) * qn));
-        EW_CUDA(cudaMalloc(&dout, sizeof(float) * qn));
+        EW_CUDA(cudaMalloc(&dq, sizeof(float) * nslots * qn));
+        EW_CUDA(cudaMalloc(&dout, sizeof(float) * nslots * qn));
 #else
         EW_FAIL("device pools but kvbench was built without CUDA (rebuild with -DKVD_CUDA=ON)");
 #endif
@@ -1011,105 +1044,138 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
 
     res->cached_min = UINT64_MAX;
     int64_t t_go = now_ns();
-    for (uint32_t r = 0; r < o->requests; r++) {
-        for (uint64_t i = 0; i < total; i++)
-            tok[i] = eng_token(o, w, r, i);
-        kvs_seq_t *q = NULL;
-        size_t cached = 0;
-        int64_t t0 = now_ns();
-        EW_CALL(kvs_seq_begin(s, tok, n, &q, &cached));
-        s_begin[res->n_begin++] = now_ns() - t0;
-        if (r == 0)
-            res->first_cached = (int64_t)cached;
-        res->cached_min = cached < res->cached_min ? cached : res->cached_min;
-        res->cached_max = cached > res->cached_max ? cached : res->cached_max;
-        res->prompt_tokens += n;
-        res->cached_tokens += cached;
-        size_t m = n - cached;
-        EW_CALL(kvs_seq_extend(q, tok + cached, m));
-        for (uint32_t l = 0; l < g->layers; l++) {
-            eng_kv(g, l, cached, tok + cached, m, hk, hv, halves);
-            const void *k = hk, *v = hv;
-#ifdef KVB_HAVE_CUDA
-            if (res->on_device) {
-                EW_CUDA(cudaMemcpy(dk, hk, sizeof(uint16_t) * m * row, cudaMemcpyHostToDevice));
-                EW_CUDA(cudaMemcpy(dv, hv, sizeof(uint16_t) * m * row, cudaMemcpyHostToDevice));
-                k = dk;
-                v = dv;
-            }
-#endif
-            t0 = now_ns();
-            EW_CALL(kvs_append(q, l, k, v, KVS_F16, m));
-            res->prefill_append_ns += now_ns() - t0;
-            res->prefill_token_layers += m;
-        }
-        res->prefill_tokens += m;
-        t0 = now_ns();
-        EW_CALL(kvs_seq_commit(q));
-        s_commit[res->n_commit++] = now_ns() - t0;
-
-        for (uint32_t st = 0; st < o->decode; st++) {
-            uint64_t pos = n + st;
-            /* the step's time is the sum of its timed calls: the K/V generation, copies and
-             * the reference check are not the engine's */
-            int64_t ts = now_ns();
-            EW_CALL(kvs_seq_extend(q, tok + pos, 1));
-            int64_t step_ns = now_ns() - ts;
+    /* Continuous batching: up to `batch` requests in flight. Each round starts the worker's
+     * next requests in the free slots (begin, prefill, commit), runs one decode step over every
+     * live request, then ends the ones that made their G steps. With --batch 1 the calls and
+     * their order are those of one request after another. */
+    uint32_t next = 0, live = 0;
+    while (next < o->requests || live > 0) {
+        for (uint32_t b = 0; b < nslots && next < o->requests; b++) {
+            eng_slot_t *sl = &slots[b];
+            if (sl->q)
+                continue;
+            sl->r = next++;
+            sl->st = 0;
+            for (uint64_t i = 0; i < total; i++)
+                sl->tok[i] = eng_token(o, w, sl->r, i);
+            size_t cached = 0;
+            int64_t t0 = now_ns();
+            EW_CALL(kvs_seq_begin(s, sl->tok, n, &sl->q, &cached));
+            s_begin[res->n_begin++] = now_ns() - t0;
+            live++;
+            if (sl->r == 0)
+                res->first_cached = (int64_t)cached;
+            res->cached_min = cached < res->cached_min ? cached : res->cached_min;
+            res->cached_max = cached > res->cached_max ? cached : res->cached_max;
+            res->prompt_tokens += n;
+            res->cached_tokens += cached;
+            size_t m = n - cached;
+            EW_CALL(kvs_seq_extend(sl->q, sl->tok + cached, m));
             for (uint32_t l = 0; l < g->layers; l++) {
-                eng_kv(g, l, pos, tok + pos, 1, hk, hv, halves);
+                eng_kv(g, l, cached, sl->tok + cached, m, hk, hv, halves);
                 const void *k = hk, *v = hv;
 #ifdef KVB_HAVE_CUDA
                 if (res->on_device) {
-                    EW_CUDA(cudaMemcpy(dk, hk, sizeof(uint16_t) * row, cudaMemcpyHostToDevice));
-                    EW_CUDA(cudaMemcpy(dv, hv, sizeof(uint16_t) * row, cudaMemcpyHostToDevice));
+                    EW_CUDA(cudaMemcpy(dk, hk, sizeof(uint16_t) * m * row, cudaMemcpyHostToDevice));
+                    EW_CUDA(cudaMemcpy(dv, hv, sizeof(uint16_t) * m * row, cudaMemcpyHostToDevice));
                     k = dk;
                     v = dv;
                 }
 #endif
                 t0 = now_ns();
-                EW_CALL(kvs_append(q, l, k, v, KVS_F16, 1));
-                s_app[res->n_app++] = now_ns() - t0;
-                step_ns += s_app[res->n_app - 1];
+                EW_CALL(kvs_append(sl->q, l, k, v, KVS_F16, m));
+                res->prefill_append_ns += now_ns() - t0;
+                res->prefill_token_layers += m;
             }
+            res->prefill_tokens += m;
+            t0 = now_ns();
+            EW_CALL(kvs_seq_commit(sl->q));
+            s_commit[res->n_commit++] = now_ns() - t0;
+        }
+
+        /* One decode step of the live requests, in slot order: q rows [nb][q_heads][head_dim].
+         * The step's time is the sum of its timed calls: the K/V generation, copies and the
+         * reference check are not the engine's. */
+        uint32_t nb = 0;
+        int ci = -1; /* the batch row of worker 0's first request, checked against ref */
+        for (uint32_t b = 0; b < nslots; b++)
+            if (slots[b].q && slots[b].st < o->decode) {
+                if (ref && slots[b].r == 0)
+                    ci = (int)nb;
+                bslot[nb] = b;
+                bseq[nb++] = slots[b].q;
+            }
+        if (nb > 0) {
+            int64_t step_ns = 0;
+            for (uint32_t i = 0; i < nb; i++) {
+                eng_slot_t *sl = &slots[bslot[i]];
+                int64_t ts = now_ns();
+                EW_CALL(kvs_seq_extend(sl->q, sl->tok + n + sl->st, 1));
+                step_ns += now_ns() - ts;
+            }
+            for (uint32_t l = 0; l < g->layers; l++)
+                for (uint32_t i = 0; i < nb; i++) {
+                    eng_slot_t *sl = &slots[bslot[i]];
+                    uint64_t pos = n + sl->st;
+                    eng_kv(g, l, pos, sl->tok + pos, 1, hk, hv, halves);
+                    const void *k = hk, *v = hv;
+#ifdef KVB_HAVE_CUDA
+                    if (res->on_device) {
+                        size_t bytes = sizeof(uint16_t) * row;
+                        EW_CUDA(cudaMemcpy(dk, hk, bytes, cudaMemcpyHostToDevice));
+                        EW_CUDA(cudaMemcpy(dv, hv, bytes, cudaMemcpyHostToDevice));
+                        k = dk;
+                        v = dv;
+                    }
+#endif
+                    int64_t t0 = now_ns();
+                    EW_CALL(kvs_append(sl->q, l, k, v, KVS_F16, 1));
+                    s_app[res->n_app++] = now_ns() - t0;
+                    step_ns += s_app[res->n_app - 1];
+                }
             for (uint32_t la = 0; la < attn_layers; la++) {
                 uint32_t l = o->attn_all ? la : g->layers - 1;
-                eng_query(o, w, r, st, l, qn, hq);
+                for (uint32_t i = 0; i < nb; i++)
+                    eng_query(o, w, slots[bslot[i]].r, slots[bslot[i]].st, l, qn, hq + i * qn);
                 const float *qp = hq;
                 float *op = hout;
 #ifdef KVB_HAVE_CUDA
                 if (res->on_device) {
-                    EW_CUDA(cudaMemcpy(dq, hq, sizeof(float) * qn, cudaMemcpyHostToDevice));
+                    EW_CUDA(cudaMemcpy(dq, hq, sizeof(float) * nb * qn, cudaMemcpyHostToDevice));
                     qp = dq;
                     op = dout;
                 }
 #endif
-                int check = ref && r == 0;
                 for (int attempt = 0;; attempt++) {
                     uint32_t np = 0;
-                    if (check) {
-                        np = (uint32_t)kvs_seq_pages(q, pages, maxpages);
+                    if (ci >= 0) {
+                        np = (uint32_t)kvs_seq_pages(bseq[ci], pages, maxpages);
                         for (uint32_t i = 0; i < np; i++)
                             before[i] = kvc_directory(ref)[pages[i]];
                     }
-                    t0 = now_ns();
-                    EW_CALL(kvs_attention(s, &q, 1, l, o->q_heads, qp, 0.0f, op));
+                    int64_t t0 = now_ns();
+                    EW_CALL(kvs_attention(s, bseq, nb, l, o->q_heads, qp, 0.0f, op));
                     if (attempt == 0) {
                         s_attn[res->n_attn++] = now_ns() - t0;
                         step_ns += s_attn[res->n_attn - 1];
                         res->attn_calls++;
+                        res->attn_seqs += nb;
                     }
 #ifdef KVB_HAVE_CUDA
                     if (res->on_device)
-                        EW_CUDA(cudaMemcpy(hout, dout, sizeof(float) * qn, cudaMemcpyDeviceToHost));
+                        EW_CUDA(cudaMemcpy(hout, dout, sizeof(float) * nb * qn,
+                                           cudaMemcpyDeviceToHost));
 #endif
                     if (attempt == 0)
-                        for (size_t i = 0; i < qn; i++)
+                        for (size_t i = 0; i < nb * qn; i++)
                             res->nonfinite += !isfinite(hout[i]);
-                    if (!check)
+                    if (ci < 0)
                         break;
+                    /* the checked request's rows of the batched call: the other sequences
+                     * of the batch must not change them */
                     uint32_t tq3 = 0;
-                    double err =
-                        eng_ref_err(ref, q, l, o->q_heads, hq, hout, before, pages, np, &tq3);
+                    double err = eng_ref_err(ref, bseq[ci], l, o->q_heads, hq + ci * qn,
+                                             hout + ci * qn, before, pages, np, &tq3);
                     if (err < 0 && attempt < 20) { /* a page converted in between: redo */
                         res->ref_retries++;
                         continue;
@@ -1129,21 +1195,35 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
                     break;
                 }
             }
-            t0 = now_ns();
-            EW_CALL(kvs_seq_commit(q));
-            s_commit[res->n_commit++] = now_ns() - t0;
-            s_step[res->n_step++] = step_ns + s_commit[res->n_commit - 1];
-            res->decode_steps++;
+            for (uint32_t i = 0; i < nb; i++) {
+                int64_t t0 = now_ns();
+                EW_CALL(kvs_seq_commit(bseq[i]));
+                s_commit[res->n_commit++] = now_ns() - t0;
+                step_ns += s_commit[res->n_commit - 1];
+                slots[bslot[i]].st++;
+            }
+            s_step[res->n_step++] = step_ns;
+            res->decode_steps += nb;
         }
-        kvs_seq_end(&q);
-        /* the reference checks only the first request: end its session now rather than at
-         * exit, since an idle one holds back the recycling of pages (above) */
-        if (ref && kvc_goodbye(ref, NULL) != KV_ERR_OK)
-            EW_FAIL("reference mapping: goodbye: %s", kvc_errmsg(ref));
-        kvc_close(&ref);
-        res->requests++;
-        if (o->requests >= 4 && (r + 1) % (o->requests / 4) == 0)
-            fprintf(stderr, "kvbench engine: worker %u: %u/%u requests\n", w, r + 1, o->requests);
+
+        for (uint32_t b = 0; b < nslots; b++) {
+            eng_slot_t *sl = &slots[b];
+            if (!sl->q || sl->st < o->decode)
+                continue;
+            kvs_seq_end(&sl->q);
+            live--;
+            /* the reference checks only the first request: end its session now rather than at
+             * exit, since an idle one holds back the recycling of pages (above) */
+            if (sl->r == 0) {
+                if (ref && kvc_goodbye(ref, NULL) != KV_ERR_OK)
+                    EW_FAIL("reference mapping: goodbye: %s", kvc_errmsg(ref));
+                kvc_close(&ref);
+            }
+            res->requests++;
+            if (o->requests >= 4 && res->requests % (o->requests / 4) == 0)
+                fprintf(stderr, "kvbench engine: worker %u: %llu/%u requests\n", w,
+                        (unsigned long long)res->requests, o->requests);
+        }
     }
     res->wall_ns = now_ns() - t_go;
     res->done = 1;
@@ -1181,6 +1261,9 @@ out:
     free(tok);
     free(pages);
     free(before);
+    free(slots); /* their sequences were ended by kvs_close */
+    free(bslot);
+    free(bseq);
     return res->failed ? 1 : 0;
 }
 
@@ -1281,6 +1364,10 @@ static void eng_usage(FILE *f)
            "  --prefix P           shared prompt tokens (default 256)\n"
            "  --suffix U           unique prompt tokens per request (default 48, at least 1)\n"
            "  --decode G           decode steps per request (default 32)\n"
+           "  --batch N            requests in flight per worker (1..1024, default 1): a decode\n"
+           "                       step extends, appends and commits each, with one attention\n"
+           "                       call per layer over all N; a finished request's slot takes\n"
+           "                       the worker's next one (continuous batching)\n"
            "  --attn-all           decode attention in every layer (default: the last layer)\n"
            "  --q-heads H          query heads, a multiple of kv_heads (default 2 x kv_heads)\n"
            "  --layers L --kv-heads K --head-dim D --page-tokens T\n"
@@ -1366,6 +1453,7 @@ static int bench_engine(int argc, char **argv)
                     .prefix = 256,
                     .suffix = 48,
                     .decode = 32,
+                    .batch = 1,
                     .layers = 2,
                     .kv_heads = 2,
                     .head_dim = 64,
@@ -1387,6 +1475,7 @@ static int bench_engine(int argc, char **argv)
             EO_("--prefix", prefix),
             EO_("--suffix", suffix),
             EO_("--decode", decode),
+            EO_("--batch", batch),
             EO_("--layers", layers),
             EO_("--kv-heads", kv_heads),
             EO_("--head-dim", head_dim),
@@ -1450,6 +1539,11 @@ static int bench_engine(int argc, char **argv)
                         "ready-timeout >= 1\n");
         return 2;
     }
+    if (o.batch < 1 || o.batch > ENG_MAX_BATCH) {
+        fprintf(stderr, "kvbench engine: --batch needs 1 <= N <= %u, got %u\n", ENG_MAX_BATCH,
+                o.batch);
+        return 2;
+    }
     if (strcmp(o.backend, "host") && strcmp(o.backend, "cuda")) {
         fprintf(stderr, "kvbench engine: --backend is host or cuda, not '%s'\n", o.backend);
         return 2;
@@ -1464,11 +1558,13 @@ static int bench_engine(int argc, char **argv)
     if (o.ep_arg)
         snprintf(ep, sizeof ep, "%s", o.ep_arg);
     else {
-        /* No eviction by default: every live table, every request's sealed unique pages and the
-         * prefix fit, with slack for the lifecycle's conversions in flight. */
+        /* No eviction by default: every live table (a batch of them per worker), every
+         * request's sealed unique pages and the prefix fit, with slack for the lifecycle's
+         * conversions in flight. */
         uint64_t seq_pages = (total + pt - 1) / pt + 2;
         uint64_t uniq = ((uint64_t)o.suffix + o.decode + pt - 1) / pt + 2;
-        uint64_t want = o.workers * seq_pages + (uint64_t)o.workers * o.requests * uniq +
+        uint64_t live = o.batch < o.requests ? o.batch : o.requests;
+        uint64_t want = o.workers * live * seq_pages + (uint64_t)o.workers * o.requests * uniq +
                         (o.prefix + pt - 1) / pt + 64;
         if (!o.pages_fp8)
             o.pages_fp8 = want > UINT32_MAX ? UINT32_MAX : (uint32_t)want;
@@ -1734,6 +1830,7 @@ static int bench_engine(int argc, char **argv)
 
     /* ---- aggregate ---- */
     uint64_t reqs = 0, prompt = 0, cachedt = 0, prefill = 0, steps = 0, attn_calls = 0;
+    uint64_t attn_seqs = 0;
     uint64_t nonfinite = 0, ref_checks = 0, ref_retries = 0, failed = 0, ptl = 0;
     int64_t pans = 0;
     double ref_err = 0;
@@ -1747,6 +1844,7 @@ static int bench_engine(int argc, char **argv)
         prefill += r->prefill_tokens;
         steps += r->decode_steps;
         attn_calls += r->attn_calls;
+        attn_seqs += r->attn_seqs;
         nonfinite += r->nonfinite;
         ref_checks += r->ref_checks;
         ref_retries += r->ref_retries;
@@ -1773,14 +1871,15 @@ static int bench_engine(int argc, char **argv)
     eng_pct_all(&o, &sh, sh.attn, sh.cap_attn, offsetof(eng_wres_t, n_attn), &t50, &t99);
     eng_pct_all(&o, &sh, sh.commit, sh.cap_commit, offsetof(eng_wres_t, n_commit), &c50, &c99);
     eng_pct_all(&o, &sh, sh.step, sh.cap_step, offsetof(eng_wres_t, n_step), &s50, &s99);
-    /* decode alone: each worker's steps over the time its steps took, summed over the workers
-     * (they run at once); decode_tokens_per_s divides by the whole run's wall time instead */
+    /* decode alone: each worker's decode tokens (a batched step makes one per sequence) over
+     * the time its steps took, summed over the workers (they run at once);
+     * decode_tokens_per_s divides by the whole run's wall time instead */
     double step_rate = 0;
     for (uint32_t w = 0; w < o.workers; w++) {
         int64_t ns = 0;
         for (uint64_t i = 0; i < sh.w[w].n_step; i++)
             ns += sh.step[w * sh.cap_step + i];
-        step_rate += ns > 0 ? (double)sh.w[w].n_step / ((double)ns / 1e9) : 0.0;
+        step_rate += ns > 0 ? (double)sh.w[w].decode_steps / ((double)ns / 1e9) : 0.0;
     }
 
     printf("{\n  \"bench\": \"engine\",\n  \"ok\": %s,\n  \"error\": \"", ok ? "true" : "false");
@@ -1793,10 +1892,10 @@ static int bench_engine(int argc, char **argv)
            "%u, \"q_heads\": %u},\n",
            g.layers, g.kv_heads, g.head_dim, g.page_tokens, o.q_heads);
     printf("  \"params\": {\"workers\": %u, \"requests\": %u, \"prefix\": %u, \"suffix\": %u, "
-           "\"decode\": %u, \"attn_layers\": %u, \"own_daemon\": %s, \"pages_fp8\": %u, "
-           "\"pages_tq3\": %u, \"lifecycle_ms\": %d, \"recent_pages\": %d, \"anchor_pages\": %d, "
-           "\"seed\": %llu},\n",
-           o.workers, o.requests, o.prefix, o.suffix, o.decode, attn_layers,
+           "\"decode\": %u, \"batch\": %u, \"attn_layers\": %u, \"own_daemon\": %s, "
+           "\"pages_fp8\": %u, \"pages_tq3\": %u, \"lifecycle_ms\": %d, \"recent_pages\": %d, "
+           "\"anchor_pages\": %d, \"seed\": %llu},\n",
+           o.workers, o.requests, o.prefix, o.suffix, o.decode, o.batch, attn_layers,
            o.ep_arg ? "false" : "true", o.pages_fp8, o.pages_tq3, o.lifecycle_ms, o.recent_pages,
            o.anchor_pages, (unsigned long long)o.seed);
     printf(
@@ -1825,13 +1924,15 @@ static int bench_engine(int argc, char **argv)
     char errbuf[32];
     printf("  \"check\": {\"reference\": \"%s\", \"tol_rel_l2\": %g, \"checks\": %llu, "
            "\"retries\": %llu, \"rel_err_max\": %s, \"tq3_pages_in_checked_table_max\": %u, "
-           "\"attention_calls\": %llu, \"nonfinite\": %llu, \"workers_failed\": %llu},\n",
+           "\"attention_calls\": %llu, \"attention_seqs\": %llu, \"nonfinite\": %llu, "
+           "\"workers_failed\": %llu},\n",
            on_device ? "skipped (device pools; outputs checked finite)"
                      : "float64 kv_attn_reference",
            ENG_REF_TOL, (unsigned long long)ref_checks, (unsigned long long)ref_retries,
            /* null, not inf: a reference of norm 0 gives an infinite relative error */
            eng_json_num(errbuf, sizeof errbuf, "%.3g", ref_err, isfinite(ref_err)), ref_tq3,
-           (unsigned long long)attn_calls, (unsigned long long)nonfinite,
+           (unsigned long long)attn_calls, (unsigned long long)attn_seqs,
+           (unsigned long long)nonfinite,
            (unsigned long long)failed);
     printf("  \"daemon\": {\"polls\": %llu, \"fp8_pages_used_max\": %llu, \"tq3_pages_used_max\": "
            "%llu, \"fp8_pages_used_end\": %llu, \"tq3_pages_used_end\": %llu, "
@@ -1892,9 +1993,10 @@ static int bench_engine(int argc, char **argv)
     else
         fprintf(stderr,
                 "kvbench engine: %s: %llu requests, cached %llu of %llu prompt tokens, %llu "
-                "decode steps in %.2f s (%.0f tokens/s), attention p50 %.1f us, ref err %.3g\n",
+                "decode steps (batch %u) in %.2f s (%.0f tokens/s), attention p50 %.1f us, "
+                "ref err %.3g\n",
                 ok ? "ok" : "FAILED", (unsigned long long)reqs, (unsigned long long)cachedt,
-                (unsigned long long)prompt, (unsigned long long)steps, wall_s,
+                (unsigned long long)prompt, (unsigned long long)steps, o.batch, wall_s,
                 wall_s > 0 ? (double)steps / wall_s : 0, t50, ref_err);
 
     munmap(mem, bytes);

@@ -44,6 +44,11 @@
  *    kvbench for ever; now --ready-timeout calls the run off and kills it. A worker killed at
  *    the barrier after its ready byte, while another was not ready, was reported "before it
  *    was ready"; now "at the start barrier, after it was ready".
+ * 11. Batched decode (--batch 4, W 2, R 5, G 3): each worker runs its requests 0-3 as one
+ *    batch, then request 4 alone, so attention calls = W·⌈R/4⌉·G = 12 (one per step, over the
+ *    batch) for W·R·G = 30 sequence-steps; every figure of the smoke test holds, and the
+ *    reference check of worker 0's first request passes on its rows of the batched calls.
+ *    --batch 0 or over 1024: exit 2 naming the option.
  * Every `kvbench engine` JSON read here must parse (assert_json), failed runs' too: a consumer
  * reads it as a whole.
  */
@@ -261,6 +266,54 @@ static void test_smoke_prefix_hits_are_exact(void **state)
     assert_int_equal((int)jnum(ck, "nonfinite"), 0);
     assert_int_equal((int)jnum(ck, "attention_calls"), W * R * G);
     assert_true(jtop(j, "wall_s") > 0 && jtop(j, "decode_tokens_per_s") > 0);
+}
+
+static void test_engine_batched_decode(void **state)
+{
+    (void)state;
+    const unsigned W = 2, R = 5, P = 32, U = 20, G = 3, N = 4;
+    static char out[OUT_CAP];
+    const char *args[] = {"--kvd",    KVD_BIN, "--workers", "2",  "--requests", "5",
+                          "--prefix", "32",    "--suffix",  "20", "--decode",   "3",
+                          "--batch",  "4",     "--seed",    "3",  NULL};
+    assert_int_equal(run_bench(out, args), 0);
+    const char *j = strchr(out, '{');
+    assert_json(j);
+    assert_non_null(strstr(j, "\"ok\": true,\n  \"error\": \"\","));
+    const char *pa = strstr(j, "\"params\":");
+    assert_non_null(pa);
+    assert_int_equal((int)jnum(pa, "batch"), N);
+    assert_int_equal((int)jtop(j, "requests"), W * R);
+    assert_int_equal((int)jtop(j, "decode_steps"), W * R * G);
+    /* a worker's later requests begin after its first one committed the prefix, batch or not */
+    double cached = jtop(j, "cached_tokens");
+    assert_true(cached >= (W * R - W) * P && cached <= W * R * P);
+    assert_int_equal((int)jtop(j, "prefill_tokens"), (int)(W * R * (P + U) - cached));
+    for (unsigned w = 0; w < W; w++) {
+        const char *o = jworker(j, w);
+        assert_int_equal((int)jnum(o, "requests"), R);
+        assert_int_equal((int)jnum(o, "decode_steps"), R * G);
+        assert_int_equal((int)jnum(o, "cached_tokens"), (int)jnum(o, "first_cached") + (R - 1) * P);
+    }
+    assert_int_equal((int)jnum(j, "request_refs_end"), 0);
+    const char *ck = strstr(j, "\"check\":");
+    assert_non_null(ck);
+    assert_non_null(strstr(ck, "float64 kv_attn_reference"));
+    assert_int_equal((int)jnum(ck, "checks"), G);
+    assert_true(jnum(ck, "rel_err_max") <= 1e-4);
+    assert_int_equal((int)jnum(ck, "nonfinite"), 0);
+    /* one call per step over the batch: requests 0-3 together, then request 4 alone */
+    assert_int_equal((int)jnum(ck, "attention_calls"), W * ((R + N - 1) / N) * G);
+    assert_int_equal((int)jnum(ck, "attention_seqs"), W * R * G);
+    assert_true(jtop(j, "decode_tokens_per_s") > 0 && jtop(j, "decode_step_tokens_per_s") > 0);
+
+    static const char *bad[] = {"0", "1025"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(itest_run((const char *[]){KVBENCH_BIN, "engine", "--batch", bad[i], NULL},
+                                   out, OUT_CAP),
+                         2);
+        assert_non_null(strstr(out, "--batch needs 1 <= N <= 1024"));
+    }
 }
 
 static void test_running_daemon_with_lifecycle(void **state)
@@ -1027,6 +1080,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_smoke_prefix_hits_are_exact),
+        cmocka_unit_test(test_engine_batched_decode),
         cmocka_unit_test(test_running_daemon_with_lifecycle),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_rpc_checks_on_a_running_daemon),
