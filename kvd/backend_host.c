@@ -122,8 +122,12 @@ static int host_region(const char *name, uint64_t bytes, int *fd_out, void **map
         return KV_ERR_IO;
     }
     if (ftruncate(fd, (off_t)bytes) != 0) {
-        kvd_fmt(err, errlen, "ftruncate(%s, %llu) failed: %s", name, (unsigned long long)bytes,
-                strerror(errno));
+        const int en = errno;
+        kvd_fmt(err, errlen, "ftruncate(%s, %llu) failed: %s%s", name, (unsigned long long)bytes,
+                strerror(en),
+                en == EFBIG ? " (the file size limit, ulimit -f or systemd LimitFSIZE=, is below "
+                              "the pool)"
+                            : "");
         close(fd);
         return KV_ERR_NOMEM;
     }

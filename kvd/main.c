@@ -215,6 +215,11 @@ int main(int argc, char **argv)
     }
 
     signal(SIGPIPE, SIG_IGN);
+    /* Under a file size limit (ulimit -f, systemd LimitFSIZE=) a write or ftruncate past it
+     * raises SIGXFSZ, whose default action kills the daemon without a word: a host pool's
+     * memfd at start, a snapshot of a serving daemon. Ignored, the call fails with EFBIG and
+     * its caller reports which file (the snapshot keeps the older generations). */
+    signal(SIGXFSZ, SIG_IGN);
     uv_loop_t loop;
     uv_loop_init(&loop);
     kvd_main_t m;

@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -537,6 +538,32 @@ static void test_kvctl_socket_errors(void **state)
 /* One daemon per endpoint and per snapshot_dir (kvd_lock_file): a second kvd on the first's
  * endpoint, or with its snapshot_dir, exits 1 naming the first's pid, and leaves the first's
  * socket files in place (it used to take the socket over and unlink it at its exit). */
+/* kvd under a file size limit (`ulimit -f`, systemd LimitFSIZE=) smaller than a file it must
+ * make: the host backend's pools are memfd files, and growing one past the limit raised
+ * SIGXFSZ, whose default action killed kvd at start with no word of why (exit by signal
+ * 25); a snapshot crossing the limit on the cuda backend would have killed a serving daemon.
+ * Ignored, the call fails with EFBIG and kvd says which file and why. */
+static void test_file_size_limit_is_an_error_not_a_signal(void **state)
+{
+    (void)state;
+    char dir[300], ep[340];
+    static char out[65536];
+    itest_tmpdir(dir, sizeof dir, "kvd-it-fsize");
+    snprintf(ep, sizeof ep, "ipc://%s/kvd.sock", dir);
+    const char *argv[] = {KVD_BIN, "--endpoint", ep, "--pages_fp8", "64", NULL};
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 64 << 10; /* below one pool of 64 default-geometry pages */
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    const int rc = itest_run(argv, out, sizeof out); /* the child inherits the limit */
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    if (rc != 1 || !strstr(out, "ftruncate(") || !strstr(out, "File too large") ||
+        !strstr(out, "LimitFSIZE"))
+        fail_msg("kvd under a 64 KiB file size limit: exit %d (want 1), said: %s", rc, out);
+    itest_rmtree(dir);
+}
+
 static void test_second_daemon_refused(void **state)
 {
     (void)state;
@@ -589,6 +616,7 @@ int main(void)
         cmocka_unit_test(test_second_config_file_refused),
         cmocka_unit_test(test_kvctl_usage_errors),
         cmocka_unit_test(test_kvctl_socket_errors),
+        cmocka_unit_test(test_file_size_limit_is_an_error_not_a_signal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
