@@ -679,14 +679,16 @@ static int bench_rpc(int argc, char **argv)
  *   commit (seal full pages) → G × { extend 1, append every layer, attention, commit } → end.
  *
  * Batched decode (--batch N, default 1): a worker keeps up to N requests in flight, as a
- * serving engine's decode batch. A decode step extends and appends one token for each of them
- * (every layer), runs ONE kvs_attention per attended layer over all of them (nseq = N), then
- * commits each. A request that made its G steps is ended and its slot takes the worker's next
- * request, prefilled before the next step (continuous batching), until its R are done. The
- * step loop is the same at N = 1: the calls of one request after another, as before batching.
- * decode_steps and tokens/s count every sequence's token; the attention and decode-step
- * latencies are per call / per batched step (check.attention_seqs / attention_calls: the mean
- * batch).
+ * serving engine's decode batch. A decode step extends each of them by one token, appends the
+ * new tokens with ONE kvs_append_batch per layer over all of them (at N = 1 kvs_append, the
+ * calls of before batching), runs ONE kvs_attention per attended layer over all of them
+ * (nseq = N), then commits each. A request that made its G steps is ended and its slot takes
+ * the worker's next request, prefilled before the next step (continuous batching), until its R
+ * are done. The step loop is the same at N = 1: the calls of one request after another, as
+ * before batching.
+ * decode_steps and tokens/s count every sequence's token; the append, attention and
+ * decode-step latencies are per call / per batched step (check.append_seqs / append_calls and
+ * attention_seqs / attention_calls: the mean batch).
  *
  * K/V are synthetic and depend only on (position, token id, layer), so a page another request
  * sealed holds exactly what this request would have written: the prefix hits are correct reuse.
@@ -695,13 +697,14 @@ static int bench_rpc(int argc, char **argv)
  * region, because an engine's K/V are already on the device).
  *
  * Timed (CLOCK_MONOTONIC, in the worker): kvs_seq_begin, every kvs_append (prefill: per call,
- * divided by its tokens; decode: one token of one layer), kvs_attention, kvs_seq_commit, and the
- * decode step as the sum of its shim calls (extend, appends, attention, commit: the synthetic
- * K/V, the copies and the reference check are not an engine's cost). Wall time and tokens/s
- * include everything, the reference check of worker 0's first request too (host pools), so
- * measure throughput with enough requests that it does not matter. Samples go into shared
- * memory (MAP_SHARED before fork) so the parent
- * computes per-worker and aggregate percentiles. The workers start together (a go pipe) once
+ * divided by its tokens; decode: one call for one layer, of one token per sequence: one
+ * sequence at --batch 1, the step's batch with kvs_append_batch above), kvs_attention,
+ * kvs_seq_commit, and the decode step as the sum of its shim calls (extend, appends,
+ * attention, commit: the synthetic K/V, the copies and the reference check are not an
+ * engine's cost). Wall time and tokens/s include everything, the reference check of worker
+ * 0's first request too (host pools), so measure throughput with enough requests that it does
+ * not matter. Samples go into shared memory (MAP_SHARED before fork) so the parent computes
+ * per-worker and aggregate percentiles. The workers start together (a go pipe) once
  * every one has opened its shim; the parent meanwhile polls the daemon's status every 50 ms for
  * the FP8 / TQ3 pages in use (the lifecycle controller retiers Stale pages of live sequences to
  * TQ3, so long sequences become mixed-format) and reads the counters at the end.
@@ -770,6 +773,7 @@ typedef struct eng_wres_s {
     int64_t prefill_append_ns;
     uint64_t prefill_token_layers;
     uint64_t attn_calls, attn_seqs, nonfinite; /* attn_seqs: the calls' nseq, summed */
+    uint64_t app_calls, app_seqs; /* decode appends: calls, and their sequences summed */
     uint64_t ref_checks, ref_retries;
     double ref_err_max;
     uint32_t ref_tq3_pages_max; /* TQ3 pages in the checked table at a reference check */
@@ -986,8 +990,10 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
     uint32_t maxpages = (uint32_t)((total + g->page_tokens - 1) / g->page_tokens);
     /* no more slots than requests: a batch of 8 over 3 requests holds 3 */
     uint32_t nslots = o->batch < o->requests ? o->batch : o->requests;
-    hk = malloc(sizeof(uint16_t) * n * row);
-    hv = malloc(sizeof(uint16_t) * n * row);
+    /* K/V staging: a prefill's n tokens, or one decode token of each of the batch's sequences */
+    const uint64_t stage = n > nslots ? n : nslots;
+    hk = malloc(sizeof(uint16_t) * stage * row);
+    hv = malloc(sizeof(uint16_t) * stage * row);
     hq = malloc(sizeof(float) * nslots * qn);
     hout = malloc(sizeof(float) * nslots * qn);
     tok = malloc(sizeof(uint32_t) * total * nslots);
@@ -1003,8 +1009,8 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
         slots[b].tok = tok + (size_t)b * total;
     if (res->on_device) {
 #ifdef KVB_HAVE_CUDA
-        EW_CUDA(cudaMalloc(&dk, sizeof(uint16_t) * n * row));
-        EW_CUDA(cudaMalloc(&dv, sizeof(uint16_t) * n * row));
+        EW_CUDA(cudaMalloc(&dk, sizeof(uint16_t) * stage * row));
+        EW_CUDA(cudaMalloc(&dv, sizeof(uint16_t) * stage * row));
         EW_CUDA(cudaMalloc(&dq, sizeof(float) * nslots * qn));
         EW_CUDA(cudaMalloc(&dout, sizeof(float) * nslots * qn));
 #else
@@ -1113,15 +1119,21 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
                 EW_CALL(kvs_seq_extend(sl->q, sl->tok + n + sl->st, 1));
                 step_ns += now_ns() - ts;
             }
+            /* --batch > 1: one kvs_append_batch per layer over the step's sequences (rows
+             * [nb][row], in bseq order); --batch 1: kvs_append, the calls of before */
+            const uint32_t per_call = o->batch > 1 ? nb : 1;
             for (uint32_t l = 0; l < g->layers; l++)
-                for (uint32_t i = 0; i < nb; i++) {
-                    eng_slot_t *sl = &slots[bslot[i]];
-                    uint64_t pos = n + sl->st;
-                    eng_kv(g, l, pos, sl->tok + pos, 1, hk, hv, halves);
+                for (uint32_t i0 = 0; i0 < nb; i0 += per_call) {
+                    for (uint32_t i = i0; i < i0 + per_call; i++) {
+                        eng_slot_t *sl = &slots[bslot[i]];
+                        uint64_t pos = n + sl->st;
+                        eng_kv(g, l, pos, sl->tok + pos, 1, hk + (size_t)(i - i0) * row,
+                               hv + (size_t)(i - i0) * row, halves);
+                    }
                     const void *k = hk, *v = hv;
 #ifdef KVB_HAVE_CUDA
                     if (res->on_device) {
-                        size_t bytes = sizeof(uint16_t) * row;
+                        size_t bytes = sizeof(uint16_t) * row * per_call;
                         EW_CUDA(cudaMemcpy(dk, hk, bytes, cudaMemcpyHostToDevice));
                         EW_CUDA(cudaMemcpy(dv, hv, bytes, cudaMemcpyHostToDevice));
                         k = dk;
@@ -1129,9 +1141,14 @@ static int eng_worker(const eng_opts_t *o, const char *ep, uint32_t w, eng_share
                     }
 #endif
                     int64_t t0 = now_ns();
-                    EW_CALL(kvs_append(sl->q, l, k, v, KVS_F16, 1));
+                    if (o->batch > 1)
+                        EW_CALL(kvs_append_batch(s, bseq, nb, l, k, v, KVS_F16, 1));
+                    else
+                        EW_CALL(kvs_append(bseq[i0], l, k, v, KVS_F16, 1));
                     s_app[res->n_app++] = now_ns() - t0;
                     step_ns += s_app[res->n_app - 1];
+                    res->app_calls++;
+                    res->app_seqs += per_call;
                 }
             for (uint32_t la = 0; la < attn_layers; la++) {
                 uint32_t l = o->attn_all ? la : g->layers - 1;
@@ -1365,9 +1382,10 @@ static void eng_usage(FILE *f)
            "  --suffix U           unique prompt tokens per request (default 48, at least 1)\n"
            "  --decode G           decode steps per request (default 32)\n"
            "  --batch N            requests in flight per worker (1..1024, default 1): a decode\n"
-           "                       step extends, appends and commits each, with one attention\n"
-           "                       call per layer over all N; a finished request's slot takes\n"
-           "                       the worker's next one (continuous batching)\n"
+           "                       step extends and commits each, with one append call (N > 1)\n"
+           "                       and one attention call per layer over all N; a finished\n"
+           "                       request's slot takes the worker's next one (continuous\n"
+           "                       batching)\n"
            "  --attn-all           decode attention in every layer (default: the last layer)\n"
            "  --q-heads H          query heads, a multiple of kv_heads (default 2 x kv_heads)\n"
            "  --layers L --kv-heads K --head-dim D --page-tokens T\n"
@@ -1830,7 +1848,7 @@ static int bench_engine(int argc, char **argv)
 
     /* ---- aggregate ---- */
     uint64_t reqs = 0, prompt = 0, cachedt = 0, prefill = 0, steps = 0, attn_calls = 0;
-    uint64_t attn_seqs = 0;
+    uint64_t attn_seqs = 0, app_calls = 0, app_seqs = 0;
     uint64_t nonfinite = 0, ref_checks = 0, ref_retries = 0, failed = 0, ptl = 0;
     int64_t pans = 0;
     double ref_err = 0;
@@ -1845,6 +1863,8 @@ static int bench_engine(int argc, char **argv)
         steps += r->decode_steps;
         attn_calls += r->attn_calls;
         attn_seqs += r->attn_seqs;
+        app_calls += r->app_calls;
+        app_seqs += r->app_seqs;
         nonfinite += r->nonfinite;
         ref_checks += r->ref_checks;
         ref_retries += r->ref_retries;
@@ -1924,14 +1944,15 @@ static int bench_engine(int argc, char **argv)
     char errbuf[32];
     printf("  \"check\": {\"reference\": \"%s\", \"tol_rel_l2\": %g, \"checks\": %llu, "
            "\"retries\": %llu, \"rel_err_max\": %s, \"tq3_pages_in_checked_table_max\": %u, "
-           "\"attention_calls\": %llu, \"attention_seqs\": %llu, \"nonfinite\": %llu, "
-           "\"workers_failed\": %llu},\n",
+           "\"attention_calls\": %llu, \"attention_seqs\": %llu, \"append_calls\": %llu, "
+           "\"append_seqs\": %llu, \"nonfinite\": %llu, \"workers_failed\": %llu},\n",
            on_device ? "skipped (device pools; outputs checked finite)"
                      : "float64 kv_attn_reference",
            ENG_REF_TOL, (unsigned long long)ref_checks, (unsigned long long)ref_retries,
            /* null, not inf: a reference of norm 0 gives an infinite relative error */
            eng_json_num(errbuf, sizeof errbuf, "%.3g", ref_err, isfinite(ref_err)), ref_tq3,
            (unsigned long long)attn_calls, (unsigned long long)attn_seqs,
+           (unsigned long long)app_calls, (unsigned long long)app_seqs,
            (unsigned long long)nonfinite,
            (unsigned long long)failed);
     printf("  \"daemon\": {\"polls\": %llu, \"fp8_pages_used_max\": %llu, \"tq3_pages_used_max\": "

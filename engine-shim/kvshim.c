@@ -69,6 +69,10 @@ struct kvs_seq_s {
     size_t ext_from, ext_m; /* tokens of the last kvs_seq_extend */
     const char *lost_call;  /* non-NULL: that call's outcome is unknown (see the top) */
     kv_err_t lost_err;      /* and how it failed */
+    /* kvs_append_batch's duplicate check: batch_mark == s->batch_gen when this sequence is
+     * already in the list being checked, at position batch_at */
+    uint64_t batch_mark;
+    size_t batch_at;
     kvs_seq_t *prev, *next;
 };
 
@@ -83,7 +87,8 @@ struct kvs_s {
     int dev; /* pools in device memory */
     char name[KVP_MAX_STRING + 1]; /* the protocol's limit; longer names are refused */
     char err[KVS_ERR_BYTES];
-    kvs_seq_t *seqs; /* open sequences, ended by kvs_close */
+    kvs_seq_t *seqs;    /* open sequences, ended by kvs_close */
+    uint64_t batch_gen; /* one per kvs_append_batch call: marks its list without a search */
     /* Sized from the daemon's max_alloc and max_tokens as its hello told them (kvs_open);
      * both are runtime-mutable, so a refusal at its request gate still shrinks these */
     uint32_t alloc_chunk; /* pages per kvc_alloc_reserve, at most KVS_ALLOC_CHUNK */
@@ -686,6 +691,116 @@ static void kvs_widen(kvs_dtype_t dt, const void *src, float *dst, size_t n)
     }
 }
 
+/* The argument checks kvs_append and kvs_append_batch share (fn: the call, in messages). */
+static kv_err_t kvs_append_check(kvs_t *s, const char *fn, uint32_t layer, const void *k,
+                                 const void *v, kvs_dtype_t dt)
+{
+    const kv_geom_t *g = &s->geom;
+    if (!k || !v)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !k ? "k" : "v");
+    if (layer >= g->layers)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "%s: layer %u (the model has %u)", fn, layer,
+                        g->layers);
+    if (dt != KVS_F32 && dt != KVS_F16 && dt != KVS_BF16)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "%s: dtype %d is not KVS_F32, "
+                        "KVS_F16 or KVS_BF16",
+                        fn, (int)dt);
+    /* Rows aligned to their element, on both backends: the append kernel refuses a
+     * misaligned k or v (a misaligned device load is a sticky error of the caller's context)
+     * and the shim could only report that as a bad page; the host reads them as uint16_t or
+     * float. Checked here so the words name the argument, and a host run finds it first. */
+    const size_t esz = dt == KVS_F32 ? sizeof(float) : sizeof(uint16_t);
+    if ((uintptr_t)k % esz || (uintptr_t)v % esz)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "%s: %s (%p) is not %zu-byte aligned, as %s elements must be", fn,
+                        (uintptr_t)k % esz ? "k" : "v", (uintptr_t)k % esz ? k : v, esz,
+                        dt == KVS_F32 ? "KVS_F32" : dt == KVS_F16 ? "KVS_F16" : "KVS_BF16");
+    return KV_ERR_OK;
+}
+
+/* Write the first m tokens of the last extend of each of seqs[0..nseq) for one layer, every
+ * argument checked by the caller (nseq · m < 2^32): k, v [nseq][m][kv_heads][head_dim]. One
+ * CPU-twin call or one kernel launch over all nseq · m tokens, whose slots may lie in the pages
+ * of different sequences. fn names the caller in messages. */
+static kv_err_t kvs_append_rows(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t layer,
+                                const void *k, const void *v, kvs_dtype_t dt, size_t m,
+                                const char *fn)
+{
+    const kv_geom_t *g = &s->geom;
+    const size_t ntok = nseq * m;
+    size_t row = (size_t)g->kv_heads * g->head_dim, nval, slot_bytes;
+    if (!kvs_mul(ntok, row, &nval) || !kvs_mul(ntok, 2 * sizeof(uint32_t), &slot_bytes) ||
+        !kvs_buf_grow(&s->slots, slot_bytes))
+        return kvs_fail(s, KV_ERR_NOMEM, "%s: out of memory for %zu tokens", fn, ntok);
+    uint32_t *sp = s->slots.p, *si = sp + ntok;
+    for (size_t i = 0; i < nseq; i++) {
+        const kvs_seq_t *q = seqs[i];
+        for (size_t t = 0; t < m; t++) {
+            size_t pos = q->ext_from + t;
+            sp[i * m + t] = q->pages[pos / g->page_tokens];
+            si[i * m + t] = (uint32_t)(pos % g->page_tokens);
+        }
+    }
+    kv_pools_t pools;
+    kvc_pools(s->c, &pools);
+    const kv_dir_entry_t *dir = (const kv_dir_entry_t *)kvc_directory(s->c);
+    const uint32_t dir_len = kvc_dir_entries(s->c);
+    int rc;
+    if (!s->dev) {
+        const float *kf = k, *vf = v;
+        if (dt != KVS_F32) {
+            size_t bytes;
+            if (!kvs_mul(nval, 2 * sizeof(float), &bytes) || !kvs_buf_grow(&s->kv, bytes))
+                return kvs_fail(s, KV_ERR_NOMEM, "%s: out of memory for %zu tokens", fn, ntok);
+            float *kw = s->kv.p, *vw = kw + nval;
+            kvs_widen(dt, k, kw, nval);
+            kvs_widen(dt, v, vw, nval);
+            kf = kw;
+            vf = vw;
+        }
+        /* the twin checks every token's page before it writes any: all or nothing */
+        rc = kv_fp8_append(g, &pools, dir, dir_len, layer, (uint32_t)ntok, sp, si, kf, vf);
+    } else {
+#ifdef KVS_HAVE_CUDA
+        if (!kvs_dbuf_grow(&s->d_slots, slot_bytes))
+            return kvs_fail(s, KV_ERR_DEVICE, "%s: cudaMalloc of %zu bytes failed", fn, slot_bytes);
+        cudaError_t ce = cudaMemcpy(s->d_slots.p, sp, slot_bytes, cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess)
+            return kvs_fail(s, KV_ERR_DEVICE, "%s: cudaMemcpy: %s", fn, cudaGetErrorString(ce));
+        const uint32_t *dsp = s->d_slots.p, *dsi = dsp + ntok;
+        rc = kvk_cuda_fp8_append(g, &pools, dir, dir_len, layer, (uint32_t)ntok, dsp, dsi, k, v,
+                                 dt == KVS_F16 ? KVK_DTYPE_F16 : KVK_DTYPE_BF16, 0);
+        if (rc == KVK_OK && (ce = cudaStreamSynchronize(0)) != cudaSuccess)
+            return kvs_fail(s, KV_ERR_DEVICE, "%s: cudaStreamSynchronize: %s", fn,
+                            cudaGetErrorString(ce));
+#else
+        rc = KVK_EINVAL; /* kvs_open refuses device pools without CUDA */
+#endif
+    }
+    if (rc == KVK_EDEVICE)
+        return kvs_fail(s, KV_ERR_DEVICE, "%s: the append kernel failed to launch", fn);
+    if (rc != KVK_OK && nseq == 1)
+        return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                        "%s: the append kernel refused layer %u, %zu tokens from %zu "
+                        "(a page of the table is not a valid unsealed FP8 page)",
+                        fn, layer, m, seqs[0]->ext_from);
+    if (rc != KVK_OK)
+        return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                        "%s: the append kernel refused layer %u, %zu tokens of %zu sequences "
+                        "(a page of one of their tables is not a valid unsealed FP8 page); no "
+                        "K/V was recorded for any of them",
+                        fn, layer, ntok, nseq);
+    for (size_t i = 0; i < nseq; i++) {
+        kvs_seq_t *q = seqs[i];
+        /* K/V of this layer is contiguous up to ext_from + m only if nothing before was
+         * skipped */
+        if (q->written[layer] >= q->ext_from && q->written[layer] < q->ext_from + m)
+            q->written[layer] = q->ext_from + m;
+    }
+    return KV_ERR_OK;
+}
+
 kv_err_t kvs_append(kvs_seq_t *q, uint32_t layer, const void *k, const void *v, kvs_dtype_t dt,
                     size_t m)
 {
@@ -696,26 +811,9 @@ kv_err_t kvs_append(kvs_seq_t *q, uint32_t layer, const void *k, const void *v, 
     const kv_geom_t *g = &s->geom;
     if (q->lost_call)
         return kvs_seq_refuse_lost(q, "kvs_append", "");
-    if (!k || !v)
-        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_append: %s is NULL", !k ? "k" : "v");
-    if (layer >= g->layers)
-        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "kvs_append: layer %u (the model has %u)",
-                        layer, g->layers);
-    if (dt != KVS_F32 && dt != KVS_F16 && dt != KVS_BF16)
-        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
-                        "kvs_append: dtype %d is not KVS_F32, "
-                        "KVS_F16 or KVS_BF16",
-                        (int)dt);
-    /* Rows aligned to their element, on both backends: the append kernel refuses a
-     * misaligned k or v (a misaligned device load is a sticky error of the caller's context)
-     * and the shim could only report that as a bad page; the host reads them as uint16_t or
-     * float. Checked here so the words name the argument, and a host run finds it first. */
-    const size_t esz = dt == KVS_F32 ? sizeof(float) : sizeof(uint16_t);
-    if ((uintptr_t)k % esz || (uintptr_t)v % esz)
-        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
-                        "kvs_append: %s (%p) is not %zu-byte aligned, as %s elements must be",
-                        (uintptr_t)k % esz ? "k" : "v", (uintptr_t)k % esz ? k : v, esz,
-                        dt == KVS_F32 ? "KVS_F32" : dt == KVS_F16 ? "KVS_F16" : "KVS_BF16");
+    kv_err_t e = kvs_append_check(s, "kvs_append", layer, k, v, dt);
+    if (e != KV_ERR_OK)
+        return e;
     if (m == 0 || m > q->ext_m)
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
                         "kvs_append: m = %zu; the last kvs_seq_extend added %zu tokens", m,
@@ -728,62 +826,69 @@ kv_err_t kvs_append(kvs_seq_t *q, uint32_t layer, const void *k, const void *v, 
         return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
                         "kvs_append: dtype KVS_F32 on device pools; the append kernel takes "
                         "KVS_F16 or KVS_BF16");
-    size_t row = (size_t)g->kv_heads * g->head_dim, nval, slot_bytes;
-    if (!kvs_mul(m, row, &nval) || !kvs_mul(m, 2 * sizeof(uint32_t), &slot_bytes) ||
-        !kvs_buf_grow(&s->slots, slot_bytes))
-        return kvs_fail(s, KV_ERR_NOMEM, "kvs_append: out of memory for %zu tokens", m);
-    uint32_t *sp = s->slots.p, *si = sp + m;
-    for (size_t t = 0; t < m; t++) {
-        size_t pos = q->ext_from + t;
-        sp[t] = q->pages[pos / g->page_tokens];
-        si[t] = (uint32_t)(pos % g->page_tokens);
-    }
-    kv_pools_t pools;
-    kvc_pools(s->c, &pools);
-    const kv_dir_entry_t *dir = (const kv_dir_entry_t *)kvc_directory(s->c);
-    const uint32_t dir_len = kvc_dir_entries(s->c);
-    int rc;
-    if (!s->dev) {
-        const float *kf = k, *vf = v;
-        if (dt != KVS_F32) {
-            size_t bytes;
-            if (!kvs_mul(nval, 2 * sizeof(float), &bytes) || !kvs_buf_grow(&s->kv, bytes))
-                return kvs_fail(s, KV_ERR_NOMEM, "kvs_append: out of memory for %zu tokens", m);
-            float *kw = s->kv.p, *vw = kw + nval;
-            kvs_widen(dt, k, kw, nval);
-            kvs_widen(dt, v, vw, nval);
-            kf = kw;
-            vf = vw;
+    return kvs_append_rows(s, &q, 1, layer, k, v, dt, m, "kvs_append");
+}
+
+kv_err_t kvs_append_batch(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t layer,
+                          const void *k, const void *v, kvs_dtype_t dt, size_t m)
+{
+    static const char fn[] = "kvs_append_batch";
+    if (!s)
+        return kvs_fail(NULL, KV_ERR_INVALID_ARGUMENT, "kvs_append_batch: s is NULL");
+    kvs_ok(s);
+    const kv_geom_t *g = &s->geom;
+    if (!seqs || nseq == 0)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "%s: %s", fn,
+                        !seqs ? "seqs is NULL" : "nseq is 0");
+    kv_err_t e = kvs_append_check(s, fn, layer, k, v, dt);
+    if (e != KV_ERR_OK)
+        return e;
+    if (m == 0)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "%s: m is 0", fn);
+    /* one launch: the kernel counts its tokens in 32 bits */
+    if (m > UINT32_MAX / nseq)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "%s: nseq = %zu sequences of m = %zu tokens exceed the %u tokens of one "
+                        "call: split the batch",
+                        fn, nseq, m, UINT32_MAX);
+    if (s->dev && dt == KVS_F32)
+        return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                        "%s: dtype KVS_F32 on device pools; the append kernel takes KVS_F16 or "
+                        "KVS_BF16",
+                        fn);
+    /* Every sequence checked before any token is written (all or nothing). A sequence twice
+     * would get two rows for one slot (which one lands is a race on the device) and its
+     * written count no meaning: refused. Marked with this call's generation, not searched,
+     * so a batch of thousands costs one pass; a refused call's marks are stale for the next. */
+    const uint64_t gen = ++s->batch_gen;
+    for (size_t i = 0; i < nseq; i++) {
+        kvs_seq_t *q = seqs[i];
+        if (!q || q->s != s)
+            return kvs_fail(s, KV_ERR_INVALID_ARGUMENT, "%s: seqs[%zu] is %s", fn, i,
+                            !q ? "NULL" : "a sequence of another kvs_t");
+        if (q->batch_mark == gen)
+            return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                            "%s: seqs[%zu] is seqs[%zu] again (a sequence appends once per "
+                            "call)",
+                            fn, i, q->batch_at);
+        q->batch_mark = gen;
+        q->batch_at = i;
+        if (q->lost_call) {
+            char what[40];
+            snprintf(what, sizeof what, "seqs[%zu] is ", i);
+            return kvs_seq_refuse_lost(q, fn, what);
         }
-        rc = kv_fp8_append(g, &pools, dir, dir_len, layer, (uint32_t)m, sp, si, kf, vf);
-    } else {
-#ifdef KVS_HAVE_CUDA
-        if (!kvs_dbuf_grow(&s->d_slots, slot_bytes))
-            return kvs_fail(s, KV_ERR_DEVICE, "kvs_append: cudaMalloc of %zu bytes failed",
-                            slot_bytes);
-        cudaError_t ce = cudaMemcpy(s->d_slots.p, sp, slot_bytes, cudaMemcpyHostToDevice);
-        if (ce != cudaSuccess)
-            return kvs_fail_cuda(s, ce, "kvs_append: cudaMemcpy");
-        const uint32_t *dsp = s->d_slots.p, *dsi = dsp + m;
-        rc = kvk_cuda_fp8_append(g, &pools, dir, dir_len, layer, (uint32_t)m, dsp, dsi, k, v,
-                                 dt == KVS_F16 ? KVK_DTYPE_F16 : KVK_DTYPE_BF16, 0);
-        if (rc == KVK_OK && (ce = cudaStreamSynchronize(0)) != cudaSuccess)
-            return kvs_fail_cuda(s, ce, "kvs_append: cudaStreamSynchronize");
-#else
-        rc = KVK_EINVAL; /* kvs_open refuses device pools without CUDA */
-#endif
+        if (m > q->ext_m)
+            return kvs_fail(s, KV_ERR_INVALID_ARGUMENT,
+                            "%s: m = %zu; the last kvs_seq_extend of seqs[%zu] added %zu tokens",
+                            fn, m, i, q->ext_m);
+        if (q->ext_from < q->nsealed * g->page_tokens)
+            return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
+                            "%s: the tokens of the last extend of seqs[%zu] are in pages already "
+                            "sealed (kvs_seq_commit came between); extend again",
+                            fn, i);
     }
-    if (rc == KVK_EDEVICE)
-        return kvs_fail(s, KV_ERR_DEVICE, "kvs_append: the append kernel failed to launch");
-    if (rc != KVK_OK)
-        return kvs_fail(s, KV_ERR_FAILED_PRECONDITION,
-                        "kvs_append: the append kernel refused layer %u, %zu tokens from %zu "
-                        "(a page of the table is not a valid unsealed FP8 page)",
-                        layer, m, q->ext_from);
-    /* K/V of this layer is contiguous up to ext_from + m only if nothing before was skipped */
-    if (q->written[layer] >= q->ext_from && q->written[layer] < q->ext_from + m)
-        q->written[layer] = q->ext_from + m;
-    return KV_ERR_OK;
+    return kvs_append_rows(s, seqs, nseq, layer, k, v, dt, m, fn);
 }
 
 kv_err_t kvs_seq_commit(kvs_seq_t *q)

@@ -10,6 +10,7 @@
  *     kvs_seq_begin(s, prompt, n, &q, &cached);   // prefix hit: skip prefill of `cached` tokens
  *     kvs_seq_extend(q, prompt + cached, n - cached);    // room for the new tokens
  *     for (layer ...) kvs_append(q, layer, k, v, KVS_F32, m);  // quantize into FP8 pages
+ *     (decode of a batch: kvs_append_batch(s, seqs, nseq, layer, k, v, KVS_F32, 1), one call)
  *     kvs_seq_commit(q);                          // seal full pages: the prefix is now shared
  *     kvs_attention(s, &q, 1, layer, q_heads, qv, 0.0f, out);  // decode; 0: 1/sqrt(d)
  *     kvs_seq_end(&q);
@@ -17,10 +18,10 @@
  *
  * Backend: the daemon's. With `host` pools (CPU memory) the shim appends and attends with the
  * CPU twins (cuda/page.c, cuda/attn.c); with `cuda` / `cuda-ipc` pools (device memory) with
- * the kernels (cuda/append.cu, cuda/attn.cu), and tensors passed to kvs_append /
- * kvs_attention are then DEVICE pointers (kvs_on_device() says which) and kvs_append takes
- * KVS_F16 or KVS_BF16 only (the append kernel has no float input). A shim built without CUDA
- * refuses device pools at kvs_open with KV_ERR_FAILED_PRECONDITION and a message saying so.
+ * the kernels (cuda/append.cu, cuda/attn.cu), and tensors passed to kvs_append(_batch) /
+ * kvs_attention are then DEVICE pointers (kvs_on_device() says which) and kvs_append(_batch)
+ * takes KVS_F16 or KVS_BF16 only (the append kernel has no float input). A shim built without
+ * CUDA refuses device pools at kvs_open with KV_ERR_FAILED_PRECONDITION and a message saying so.
  *
  * Sequences: a kvs_seq_t owns a block table (logical page ids) and the token ids written so
  * far. kvs_seq_begin acquires the longest cached prefix in whole pages (kvc_lookup) — at most
@@ -40,9 +41,9 @@
  * Lost sequences: when a seal (kvs_seq_commit) or the seq_append of kvs_seq_extend fails with
  * no usable reply (TIMEOUT, UNAVAILABLE, MALFORMED, INTERNAL) the daemon may have done it, and
  * after a deduplicating seal the page id in the table may already belong to another session.
- * The sequence is then lost: kvs_seq_extend, kvs_append, kvs_seq_commit and kvs_attention
- * (with it anywhere in the batch) return FAILED_PRECONDITION ("sequence N: a seal timed out,
- * its page table is no longer known; end it with kvs_seq_end and begin again"), and
+ * The sequence is then lost: kvs_seq_extend, kvs_append, kvs_seq_commit, kvs_append_batch and
+ * kvs_attention (with it anywhere in the batch) return FAILED_PRECONDITION ("sequence N: a seal
+ * timed out, its page table is no longer known; end it with kvs_seq_end and begin again"), and
  * kvs_seq_pages returns 0. kvs_seq_end still closes it at the daemon. A refusal the daemon
  * sends back (INVALID_ARGUMENT, FAILED_PRECONDITION, RESOURCE_EXHAUSTED ...) changed nothing,
  * and the sequence stays usable.
@@ -134,6 +135,20 @@ kv_err_t kvs_seq_extend(kvs_seq_t *q, const uint32_t *tokens, size_t m);
  * its CPU twin). Call it for every layer before kvs_seq_commit / kvs_attention of that layer. */
 kv_err_t kvs_append(kvs_seq_t *q, uint32_t layer, const void *k, const void *v, kvs_dtype_t dt,
                     size_t m);
+/* kvs_append of many sequences in one call: for every i < nseq, the first m tokens of the last
+ * kvs_seq_extend of seqs[i], layer `layer`. A decode step of nseq sequences passes m = 1 and
+ * writes their new tokens with ONE append kernel launch and one cudaStreamSynchronize on device
+ * pools (one CPU-twin call on host pools) instead of nseq. k, v [nseq][m][kv_heads][head_dim] of
+ * dt: sequence i's m rows follow sequence i - 1's, in the order of seqs. The same m for every
+ * sequence (an engine appending different counts calls kvs_append per sequence).
+ * Each sequence as kvs_append takes it (of s, not lost, m ≤ its last extend's m, that extend not
+ * in a sealed page; dtype and alignment of k and v likewise), distinct (a sequence listed twice:
+ * INVALID_ARGUMENT), nseq ≥ 1 and nseq · m < 2^32. All or nothing: every argument and every
+ * sequence is checked before anything is written, and a refusal names seqs[i]; a page the kernel
+ * itself refuses (not a valid unsealed FP8 page: FAILED_PRECONDITION) records no K/V for any of
+ * them (on device pools the kernel may have written the other tokens: append them again). */
+kv_err_t kvs_append_batch(kvs_t *s, kvs_seq_t *const *seqs, size_t nseq, uint32_t layer,
+                          const void *k, const void *v, kvs_dtype_t dt, size_t m);
 /* Seal the pages that are full and not sealed yet. FAILED_PRECONDITION while a layer lacks
  * K/V for them, or, when sealing would reach into the last extend's tokens, for any of those. */
 kv_err_t kvs_seq_commit(kvs_seq_t *q);

@@ -265,6 +265,11 @@ static void test_smoke_prefix_hits_are_exact(void **state)
     assert_true(jnum(ck, "rel_err_max") <= 1e-4);
     assert_int_equal((int)jnum(ck, "nonfinite"), 0);
     assert_int_equal((int)jnum(ck, "attention_calls"), W * R * G);
+    /* --batch 1: kvs_append per sequence and layer, as before kvs_append_batch */
+    const int L = (int)jnum(strstr(j, "\"geometry\":"), "layers");
+    assert_true(L >= 1);
+    assert_int_equal((int)jnum(ck, "append_calls"), W * R * G * L);
+    assert_int_equal((int)jnum(ck, "append_seqs"), W * R * G * L);
     assert_true(jtop(j, "wall_s") > 0 && jtop(j, "decode_tokens_per_s") > 0);
 }
 
@@ -305,6 +310,12 @@ static void test_engine_batched_decode(void **state)
     /* one call per step over the batch: requests 0-3 together, then request 4 alone */
     assert_int_equal((int)jnum(ck, "attention_calls"), W * ((R + N - 1) / N) * G);
     assert_int_equal((int)jnum(ck, "attention_seqs"), W * R * G);
+    /* and one kvs_append_batch per layer of each step over the same batch (24 calls for the
+     * 60 sequence-layer appends; 60 calls without batching) */
+    const int L = (int)jnum(strstr(j, "\"geometry\":"), "layers");
+    assert_true(L >= 1);
+    assert_int_equal((int)jnum(ck, "append_calls"), W * ((R + N - 1) / N) * G * L);
+    assert_int_equal((int)jnum(ck, "append_seqs"), W * R * G * L);
     assert_true(jtop(j, "decode_tokens_per_s") > 0 && jtop(j, "decode_step_tokens_per_s") > 0);
 
     static const char *bad[] = {"0", "1025"};

@@ -26,6 +26,10 @@
  *    more pages than max_alloc; one whose max_tokens is below a prompt still begins it, reusing
  *    the prefix its lookups can cover. The shim sizes both from the hello, so the first
  *    requests are not refused; a bound lowered later is still learnt from the refusal.
+ * 11. kvs_append_batch writes, for sequences of different lengths (some crossing into a new page)
+ *    and m = 2, 1, 1, 1 in f32, f16, bf16, the same page bytes and attention outputs as
+ *    kvs_append of each; its refusals (and a lost sequence's, in 5) leave every page as it was
+ *    and record no K/V.
  *
  * Geometry: itest's (2 layers, 2 KV heads, head_dim 64, 16-token pages).
  */
@@ -566,6 +570,21 @@ static void test_seal_timeout_loses_the_sequence(void **state)
     expect(kvs_seq_extend(qb, tok, 1), PRE, b, lost);
     kvs_seq_t *batch[2] = {other, qb};
     expect(kvs_attention(b, batch, 2, 0, QH, qv, 0, out), PRE, b, "seqs[1] is sequence");
+    /* a batched append refuses it before writing the other sequence's token (all or nothing) */
+    uint32_t opage;
+    assert_int_equal(kvs_seq_pages(other, &opage, 1), 1);
+    kvc_t *c = itest_connect(&k, "lost-read");
+    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    uint8_t *was = malloc(pb);
+    assert_non_null(was);
+    memcpy(was, kvc_page_ptr(c, opage), pb);
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
+        kv[i] = 1.5f; /* fill wrote other values: a write would show */
+    expect(kvs_append_batch(b, batch, 2, 0, kv, kv, KVS_F32, 1), PRE, b, "seqs[1] is sequence");
+    expect(kvs_append_batch(b, batch, 2, 0, kv, kv, KVS_F32, 1), PRE, b, lost);
+    assert_memory_equal(kvc_page_ptr(c, opage), was, pb);
+    free(was);
+    kvc_close(&c);
     assert_int_equal(kvs_seq_pages(qb, NULL, 0), 0);
     /* the session's other sequence is unaffected */
     assert_int_equal(kvs_attention(b, batch, 1, 0, QH, qv, 0, out), KV_ERR_OK);
@@ -1021,6 +1040,190 @@ static void test_begin_beyond_a_lower_max_tokens(void **state)
     assert_int_equal(itest_kvd_stop(&k), 0);
 }
 
+/* ---- 11. batched append -------------------------------------------------------------------- */
+
+#define BN 5u /* sequences in the batch */
+
+/* K/V of sequence j (of the batch) at pos: kv_value shifted per sequence, so that rows handed
+ * to the wrong sequence or slot change the pages. */
+static float bval(uint32_t j, uint32_t l, size_t pos, int kind, uint32_t h, uint32_t i)
+{
+    return kv_value(l, pos + 1000u * j, kind, h, i);
+}
+
+static size_t pages_total(kvs_seq_t *const *q, size_t n)
+{
+    size_t total = 0;
+    for (size_t j = 0; j < n; j++)
+        total += kvs_seq_pages(q[j], NULL, 0);
+    return total;
+}
+
+/* The FP8 bytes of every page of the sequences, concatenated into a fresh buffer. */
+static uint8_t *pages_of(kvc_t *c, kvs_seq_t *const *q, size_t n)
+{
+    uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    uint32_t ids[8];
+    uint8_t *out = malloc(pages_total(q, n) * pb), *at = out;
+    assert_non_null(out);
+    for (size_t j = 0; j < n; j++) {
+        size_t np = kvs_seq_pages(q[j], ids, 8);
+        assert_true(np <= 8);
+        for (size_t p = 0; p < np; p++, at += pb)
+            memcpy(at, kvc_page_ptr(c, ids[p]), pb);
+    }
+    return out;
+}
+
+/* One batched append of m tokens per sequence (rows [BN][m][ROW], as dt) into a[], and the same
+ * values as f32 through kvs_append into b[], one sequence after another, for every layer. */
+static void append_both(kvs_t *s, kvs_seq_t **a, kvs_seq_t **b, size_t m, kvs_dtype_t dt)
+{
+    const size_t n = BN * m * ROW;
+    float *kf = malloc(2 * n * sizeof *kf);
+    uint16_t *kh = malloc(2 * n * sizeof *kh);
+    assert_non_null(kf);
+    assert_non_null(kh);
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        for (uint32_t j = 0; j < BN; j++) {
+            size_t from = kvs_seq_len(a[j]) - m; /* the extend was of m tokens */
+            for (size_t t = 0; t < m; t++)
+                for (int kind = 0; kind < 2; kind++)
+                    for (uint32_t h = 0; h < KVH; h++)
+                        for (uint32_t i = 0; i < HD; i++) {
+                            size_t at = (size_t)kind * n + ((size_t)j * m + t) * ROW + h * HD + i;
+                            kf[at] = bval(j, l, from + t, kind, h, i);
+                            kh[at] = dt == KVS_F16 ? kv_half_from_float(kf[at]) : bf16_bits(kf[at]);
+                        }
+        }
+        const void *k = dt == KVS_F32 ? (const void *)kf : (const void *)kh;
+        const void *v = dt == KVS_F32 ? (const void *)(kf + n) : (const void *)(kh + n);
+        kv_err_t e = kvs_append_batch(s, a, BN, l, k, v, dt, m);
+        if (e != KV_ERR_OK)
+            fail_msg("kvs_append_batch: %s (%s)", kv_err_name(e), kvs_errmsg(s));
+        for (uint32_t j = 0; j < BN; j++)
+            assert_int_equal(
+                kvs_append(b[j], l, kf + j * m * ROW, kf + n + j * m * ROW, KVS_F32, m), KV_ERR_OK);
+    }
+    free(kf);
+    free(kh);
+}
+
+static void test_append_batch(void **state)
+{
+    (void)state;
+    const kv_err_t INV = KV_ERR_INVALID_ARGUMENT, PRE = KV_ERR_FAILED_PRECONDITION;
+    itest_kvd_t k;
+    itest_kvd_start(&k, NULL);
+    kvs_t *s = shim_open(&k, "batch"), *s2 = shim_open(&k, "batch-other");
+    assert_non_null(s);
+    assert_non_null(s2);
+    kvc_t *c = itest_connect(&k, "batch-read");
+    const uint64_t pb = kvc_page_bytes(c, KV_FMT_FP8);
+    /* a[j] appended in batches, b[j] one by one; the same prompts (never committed, so
+     * nothing is shared), 13 + j tokens: the first extend of 2 takes 3 of them into page 1 */
+    kvs_seq_t *a[BN], *b[BN];
+    uint32_t tok[64];
+    size_t cached;
+    for (uint32_t j = 0; j < BN; j++) {
+        prompt(20 + j, tok, 64);
+        assert_int_equal(kvs_seq_begin(s, tok, 13 + j, &a[j], &cached), KV_ERR_OK);
+        assert_int_equal(kvs_seq_begin(s, tok, 13 + j, &b[j], &cached), KV_ERR_OK);
+        assert_int_equal(kvs_seq_extend(a[j], tok, 13 + j), KV_ERR_OK);
+        assert_int_equal(kvs_seq_extend(b[j], tok, 13 + j), KV_ERR_OK);
+        assert_int_equal(fill(a[j], 0, 13 + j, KVS_F32), KV_ERR_OK);
+        assert_int_equal(fill(b[j], 0, 13 + j, KVS_F32), KV_ERR_OK);
+    }
+    const size_t ms[4] = {2, 1, 1, 1};
+    const kvs_dtype_t dts[4] = {KVS_F32, KVS_F16, KVS_BF16, KVS_F32};
+    for (int r = 0; r < 4; r++) {
+        for (uint32_t j = 0; j < BN; j++) {
+            prompt(20 + j, tok, 64);
+            size_t len = kvs_seq_len(a[j]);
+            assert_int_equal(kvs_seq_extend(a[j], tok + len, ms[r]), KV_ERR_OK);
+            assert_int_equal(kvs_seq_extend(b[j], tok + len, ms[r]), KV_ERR_OK);
+        }
+        append_both(s, a, b, ms[r], dts[r]);
+    }
+    /* the same bytes in every page, and the same attention, bit for bit */
+    assert_int_equal(pages_total(a, BN), pages_total(b, BN));
+    uint8_t *pa = pages_of(c, a, BN), *pbb = pages_of(c, b, BN);
+    assert_memory_equal(pa, pbb, pages_total(a, BN) * pb);
+    free(pbb);
+    for (uint32_t j = 0; j < BN; j++) {
+        float oa[OUTN], ob[OUTN];
+        assert_int_equal(attend(s, a[j], oa), KV_ERR_OK); /* every token has K/V recorded */
+        assert_int_equal(attend(s, b[j], ob), KV_ERR_OK);
+        assert_memory_equal(oa, ob, sizeof oa);
+    }
+    free(pa);
+
+    /* Refusals write nothing: a[0..BN-2] extended by 2, a[BN-1] by 1, the bad entry last in
+     * each list, so a call that wrote before it checked everything would change the pages */
+    for (uint32_t j = 0; j < BN; j++) {
+        prompt(20 + j, tok, 64);
+        size_t len = kvs_seq_len(a[j]), m = j + 1 < BN ? 2 : 1;
+        assert_int_equal(kvs_seq_extend(a[j], tok + len, m), KV_ERR_OK);
+    }
+    kvs_seq_t *sealed, *foreign;
+    prompt(40, tok, 64);
+    assert_int_equal(kvs_seq_begin(s, tok, PT, &sealed, &cached), KV_ERR_OK);
+    assert_int_equal(kvs_seq_extend(sealed, tok, PT), KV_ERR_OK);
+    assert_int_equal(fill(sealed, 0, PT, KVS_F32), KV_ERR_OK);
+    assert_int_equal(kvs_seq_commit(sealed), KV_ERR_OK); /* its last extend is sealed now */
+    assert_int_equal(kvs_seq_begin(s2, tok, 1, &foreign, &cached), KV_ERR_OK);
+    assert_int_equal(kvs_seq_extend(foreign, tok, 3), KV_ERR_OK);
+    static float kv[BN * 2 * ROW];
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
+        kv[i] = 1.5f; /* unlike any bval row: a write would show */
+    const char *kvb = (const char *)kv;
+    uint8_t *before = pages_of(c, a, BN);
+    const size_t nbytes = pages_total(a, BN) * pb;
+    expect(kvs_append_batch(NULL, a, BN, 0, kv, kv, KVS_F32, 1), INV, NULL, "s is NULL");
+    expect(kvs_append_batch(s, NULL, BN, 0, kv, kv, KVS_F32, 1), INV, s, "seqs is NULL");
+    expect(kvs_append_batch(s, a, 0, 0, kv, kv, KVS_F32, 1), INV, s, "nseq is 0");
+    expect(kvs_append_batch(s, a, BN, 0, NULL, kv, KVS_F32, 1), INV, s, "k is NULL");
+    expect(kvs_append_batch(s, a, BN, 0, kv, NULL, KVS_F32, 1), INV, s, "v is NULL");
+    expect(kvs_append_batch(s, a, BN, LAYERS, kv, kv, KVS_F32, 1), INV, s, "layer 2");
+    expect(kvs_append_batch(s, a, BN, 0, kv, kv, (kvs_dtype_t)7, 1), INV, s, "dtype 7");
+    expect(kvs_append_batch(s, a, BN, 0, kvb + 2, kv, KVS_F32, 1), INV, s, "k (");
+    expect(kvs_append_batch(s, a, BN, 0, kv, kvb + 1, KVS_F16, 1), INV, s, "not 2-byte aligned");
+    expect(kvs_append_batch(s, a, BN, 0, kv, kv, KVS_F32, 0), INV, s, "m is 0");
+    expect(kvs_append_batch(s, a, BN, 0, kv, kv, KVS_F32, 2), INV, s,
+           "m = 2; the last kvs_seq_extend of seqs[4] added 1 tokens");
+    kvs_seq_t *other_s[3] = {a[0], a[1], foreign};
+    expect(kvs_append_batch(s, other_s, 3, 0, kv, kv, KVS_F32, 1), INV, s,
+           "seqs[2] is a sequence of another kvs_t");
+    kvs_seq_t *twice[3] = {a[0], a[1], a[0]};
+    expect(kvs_append_batch(s, twice, 3, 0, kv, kv, KVS_F32, 1), INV, s,
+           "seqs[2] is seqs[0] again");
+    kvs_seq_t *with_null[3] = {a[0], a[1], NULL};
+    expect(kvs_append_batch(s, with_null, 3, 0, kv, kv, KVS_F32, 1), INV, s, "seqs[2] is NULL");
+    kvs_seq_t *with_sealed[3] = {a[0], a[1], sealed};
+    expect(kvs_append_batch(s, with_sealed, 3, 0, kv, kv, KVS_F32, 1), PRE, s,
+           "the last extend of seqs[2] are in pages already sealed");
+    uint8_t *after = pages_of(c, a, BN);
+    assert_memory_equal(after, before, nbytes);
+    free(after);
+    /* and no K/V was recorded */
+    float qv[QH * HD] = {0}, out[BN * QH * HD];
+    expect(kvs_attention(s, a, BN, 0, QH, qv, 0, out), PRE, s, "kvs_append first");
+    /* the refused calls' duplicate marks do not outlive them: the full list goes through now,
+     * and writes (m = 1 ≤ every extend) */
+    assert_int_equal(kvs_append_batch(s, a, BN, 0, kv, kv, KVS_F32, 1), KV_ERR_OK);
+    after = pages_of(c, a, BN);
+    assert_memory_not_equal(after, before, nbytes);
+    free(after);
+    free(before);
+    assert_int_equal(kvs_attention(s, a + BN - 1, 1, 0, QH, qv, 0, out), KV_ERR_OK);
+    kvc_close(&c);
+    kvs_close(&s2);
+    kvs_close(&s);
+    assert_int_equal(itest_stat(&k, "request_refs"), 0);
+    itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1037,6 +1240,7 @@ int main(void)
         cmocka_unit_test(test_name_and_batch_limits),
         cmocka_unit_test(test_extend_beyond_a_lower_max_alloc),
         cmocka_unit_test(test_begin_beyond_a_lower_max_tokens),
+        cmocka_unit_test(test_append_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
