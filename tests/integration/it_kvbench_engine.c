@@ -217,6 +217,19 @@ static int run_bench(char *out, const char *const *args)
     return rc;
 }
 
+
+/* The run's "check": the float64 reference ran on every decode step (g) of worker 0's first
+ * request, within its tolerance, and no output was non-finite. Returns the object. */
+static const char *reference_checked(const char *j, unsigned g)
+{
+    const char *ck = strstr(j, "\"check\":");
+    assert_non_null(ck);
+    assert_non_null(strstr(ck, "float64 kv_attn_reference"));
+    assert_int_equal((int)jnum(ck, "checks"), g);
+    assert_true(jnum(ck, "rel_err_max") <= 1e-4);
+    assert_int_equal((int)jnum(ck, "nonfinite"), 0);
+    return ck;
+}
 static void test_smoke_prefix_hits_are_exact(void **state)
 {
     (void)state;
@@ -257,13 +270,7 @@ static void test_smoke_prefix_hits_are_exact(void **state)
     /* the daemon saw the same hits (the shim's lookups are the only ones) */
     assert_int_equal((int)jnum(j, "lookup_tokens_hit"), (int)cached);
     assert_int_equal((int)jnum(j, "request_refs_end"), 0);
-    /* the reference check ran on every decode step of worker 0's first request */
-    const char *ck = strstr(j, "\"check\":");
-    assert_non_null(ck);
-    assert_non_null(strstr(ck, "float64 kv_attn_reference"));
-    assert_int_equal((int)jnum(ck, "checks"), G);
-    assert_true(jnum(ck, "rel_err_max") <= 1e-4);
-    assert_int_equal((int)jnum(ck, "nonfinite"), 0);
+    const char *ck = reference_checked(j, G);
     assert_int_equal((int)jnum(ck, "attention_calls"), W * R * G);
     /* --batch 1: kvs_append per sequence and layer, as before kvs_append_batch */
     const int L = (int)jnum(strstr(j, "\"geometry\":"), "layers");
@@ -301,12 +308,7 @@ static void test_engine_batched_decode(void **state)
         assert_int_equal((int)jnum(o, "cached_tokens"), (int)jnum(o, "first_cached") + (R - 1) * P);
     }
     assert_int_equal((int)jnum(j, "request_refs_end"), 0);
-    const char *ck = strstr(j, "\"check\":");
-    assert_non_null(ck);
-    assert_non_null(strstr(ck, "float64 kv_attn_reference"));
-    assert_int_equal((int)jnum(ck, "checks"), G);
-    assert_true(jnum(ck, "rel_err_max") <= 1e-4);
-    assert_int_equal((int)jnum(ck, "nonfinite"), 0);
+    const char *ck = reference_checked(j, G);
     /* one call per step over the batch: requests 0-3 together, then request 4 alone */
     assert_int_equal((int)jnum(ck, "attention_calls"), W * ((R + N - 1) / N) * G);
     assert_int_equal((int)jnum(ck, "attention_seqs"), W * R * G);
