@@ -90,6 +90,8 @@ def _load(path=None):
                                          ctypes.POINTER(_SIZE)]),
         "kvs_seq_extend": (ctypes.c_int, [_P, _U32P, _SIZE]),
         "kvs_append": (ctypes.c_int, [_P, ctypes.c_uint32, _P, _P, ctypes.c_int, _SIZE]),
+        "kvs_append_batch": (ctypes.c_int, [_P, ctypes.POINTER(_P), _SIZE, ctypes.c_uint32, _P,
+                                            _P, ctypes.c_int, _SIZE]),
         "kvs_seq_commit": (ctypes.c_int, [_P]),
         "kvs_seq_len": (_SIZE, [_P]),
         "kvs_seq_pages": (_SIZE, [_P, _U32P, _SIZE]),
@@ -245,6 +247,43 @@ class Shim:
                                             float(sm_scale), oa))
         del keep
         return out
+
+    def append_batch(self, seqs, layer, k, v, dtype=None, m=1):
+        """K/V of the first m tokens of each sequence's last extend, for one layer, in one call
+        (kvs_append_batch: one kernel launch on device pools): k, v [nseq][m][kv_heads]
+        [head_dim] in the order of seqs. m = 1 is a decode step. All or nothing."""
+        self._live()
+        g = self.geom
+        _uint(layer, "layer", g.layers)
+        _uint(m, "m")
+        seqs = list(seqs)
+        for sq in seqs:
+            if not isinstance(sq, Seq) or sq._shim is not self or not sq._q:
+                raise ValueError("append_batch takes open sequences of this Shim")
+        handles = (_P * max(1, len(seqs)))(*[sq._q for sq in seqs])
+        if self.on_device:
+            ka, va = _dev_ptr(k), _dev_ptr(v)
+            if ka is None or va is None:
+                raise TypeError("device backend: k and v must be device addresses")
+            dt = _dtype(dtype if dtype is not None else "f16")
+            keep = None
+        else:
+            ka, kb, kf, kk = _host_buf(k, False)
+            va, vb, _, vk = _host_buf(v, False)
+            keep = (kk, vk)
+            if dtype is None:
+                if kf not in _FORMATS:
+                    raise TypeError(f"buffer format {kf!r}: give dtype ('f32', 'f16', 'bf16')")
+                dt = _FORMATS[kf]
+            else:
+                dt = _dtype(dtype)
+            need = len(seqs) * m * g.kv_heads * g.head_dim * _ITEMSIZE[dt]
+            if kb != need or vb != need:
+                raise ValueError(f"k and v must be [{len(seqs)}][{m}][{g.kv_heads}]"
+                                 f"[{g.head_dim}]: {need} bytes each, got {kb} and {vb}")
+        self._check(self._lib.kvs_append_batch(self._s, handles, len(seqs), layer, ka, va, dt,
+                                               m))
+        del keep
 
     def close(self):
         """End every open sequence and the session (idempotent)."""

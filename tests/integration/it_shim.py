@@ -140,6 +140,48 @@ def check_binding(kvshim, s, endpoint, kvd):
     t.close()
 
 
+def check_append_batch(kvshim, s):
+    """Shim.append_batch (kvs_append_batch): the tokens of two sequences in one call per layer
+    give the same attention output as appending them one sequence at a time; a duplicate
+    sequence and a wrong-sized k are refused."""
+    prompts = [[900 + i for i in range(3)], [950 + i for i in range(3)]]
+
+    def rows(layer, kind, seqs_idx):
+        return array("f", (kv_value(layer, 40 * j + t, kind, h, i)
+                           for j in seqs_idx for t in range(3)
+                           for h in range(KVH) for i in range(HD)))
+
+    def begin_two():
+        pair = []
+        for p in prompts:
+            sq, cached = s.begin(p)
+            check(cached == 0, f"append_batch: cached {cached}")
+            sq.extend(p)
+            pair.append(sq)
+        return pair
+
+    def attend_two(pair):
+        q = array("f", list(query()) * 2)
+        return array("f", b"".join(s.attention(pair, layer, q, q_heads=QH).tobytes()
+                                   for layer in range(LAYERS)))
+
+    one = begin_two()
+    for layer in range(LAYERS):
+        for j, sq in enumerate(one):
+            sq.append(layer, rows(layer, 0, [j]), rows(layer, 1, [j]))
+    two = begin_two()
+    raises(kvshim.KvsError, "is seqs[0] again", s.append_batch, [two[0], two[0]], 0,
+           rows(0, 0, [0, 0]), rows(0, 1, [0, 0]), m=3)
+    raises(ValueError, "k and v must be [2][3]", s.append_batch, two, 0, rows(0, 0, [0]),
+           rows(0, 1, [0]), m=3)
+    for layer in range(LAYERS):
+        s.append_batch(two, layer, rows(layer, 0, [0, 1]), rows(layer, 1, [0, 1]), m=3)
+    check(attend_two(two).tobytes() == attend_two(one).tobytes(),
+          "append_batch: attention differs from one-by-one appends")
+    for sq in one + two:
+        sq.end()
+
+
 def start_kvd(kvd, d):
     endpoint = f"ipc://{d}/run/kvd.sock"
     log = open(os.path.join(d, "kvd.log"), "wb")
@@ -214,6 +256,7 @@ def main():
         check(b["head"] == pages[:2], f"B's table {b['head']} does not start with A's {pages}")
         check(b["pages"][:2] == pages[:2] and b["pages"][2] != pages[2], f"B {b['pages']}")
         check(bytes.fromhex(b["out"]) == out_a.tobytes(), "B's attention differs from A's")
+        check_append_batch(kvshim, s)
         check_binding(kvshim, s, endpoint, p)
         seq.end()
         seq.end()  # idempotent
