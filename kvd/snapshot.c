@@ -513,12 +513,18 @@ int kvd_snap_load_file(kvd_core_t *c, const char *path, const kvd_snap_ident_t *
 }
 
 /* ---- the directory ----------------------------------------------------------------------- */
-/* "cache." + 20 digits + ".snap" (+ ".tmp" when tmp) → 1 and *gen. */
-static int snap_name_gen(const char *name, int tmp, uint64_t *gen)
+/* Name suffixes after "cache.<gen>.snap": a generation, a write in progress, a generation the
+ * loader set aside as corrupt. Only SNAP_GEN names are ever loaded or counted as generations. */
+#define SNAP_GEN     ""
+#define SNAP_TMP     ".tmp"
+#define SNAP_REFUSED ".refused"
+
+/* "cache." + 20 digits + ".snap" + suffix → 1 and *gen. */
+static int snap_name_gen(const char *name, const char *suffix, uint64_t *gen)
 {
-    size_t n = strlen(name), want = 6 + 20 + 5 + (tmp ? 4 : 0);
+    size_t n = strlen(name), want = 6 + 20 + 5 + strlen(suffix);
     if (n != want || strncmp(name, "cache.", 6) != 0 || strncmp(name + 26, ".snap", 5) != 0 ||
-        (tmp && strcmp(name + 31, ".tmp") != 0))
+        strcmp(name + 31, suffix) != 0)
         return 0;
     uint64_t g = 0;
     for (int i = 6; i < 26; i++) {
@@ -536,60 +542,76 @@ static int u64_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* Generations present, newest first, into a kvd_malloc'd array. rm_tmp: unlink *.tmp. */
-static int snap_list(const char *dir, uint64_t **out, size_t *n, int rm_tmp, char *err,
-                     size_t errlen)
+typedef struct snap_gens_s {
+    uint64_t *g; /* newest first once listed; kvd_malloc'd */
+    size_t n, cap;
+} snap_gens_t;
+
+static int gens_push(snap_gens_t *l, uint64_t g)
+{
+    if (l->n == l->cap) {
+        size_t nc = l->cap ? 2 * l->cap : 8;
+        uint64_t *nb = kvd_realloc(l->g, nc * sizeof(uint64_t));
+        if (!nb)
+            return KV_ERR_NOMEM;
+        l->g = nb;
+        l->cap = nc;
+    }
+    l->g[l->n++] = g;
+    return KV_ERR_OK;
+}
+
+/* Generations present, newest first, into a kvd_malloc'd array; refused (may be NULL): the
+ * set-aside generations likewise. rm_tmp: unlink *.tmp. */
+static int snap_list(const char *dir, uint64_t **out, size_t *n, snap_gens_t *refused, int rm_tmp,
+                     char *err, size_t errlen)
 {
     *out = NULL;
     *n = 0;
+    snap_gens_t gens = {0}, ref = {0};
     DIR *d = opendir(dir);
     if (!d) {
         kvd_fmt(err, errlen, "opendir(%s) failed: %s", dir, strerror(errno));
         return KV_ERR_IO;
     }
-    size_t cap = 0;
     struct dirent *e;
     int rc = KV_ERR_OK;
-    while ((e = readdir(d)) != NULL) {
+    while (rc == KV_ERR_OK && (e = readdir(d)) != NULL) {
         uint64_t g;
-        if (rm_tmp && snap_name_gen(e->d_name, 1, &g)) {
+        if (rm_tmp && snap_name_gen(e->d_name, SNAP_TMP, &g)) {
             char p[1024];
             snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
             unlink(p); /* a write that did not finish (crash): never a generation */
-            continue;
+        } else if (snap_name_gen(e->d_name, SNAP_GEN, &g)) {
+            rc = gens_push(&gens, g);
+        } else if (refused && snap_name_gen(e->d_name, SNAP_REFUSED, &g)) {
+            rc = gens_push(&ref, g);
         }
-        if (!snap_name_gen(e->d_name, 0, &g))
-            continue;
-        if (*n == cap) {
-            size_t nc = cap ? 2 * cap : 8;
-            uint64_t *nb = kvd_realloc(*out, nc * sizeof(uint64_t));
-            if (!nb) {
-                rc = KV_ERR_NOMEM;
-                kvd_fmt(err, errlen, "out of memory listing %s", dir);
-                break;
-            }
-            *out = nb;
-            cap = nc;
-        }
-        (*out)[(*n)++] = g;
     }
     closedir(d);
     if (rc != KV_ERR_OK) {
-        kvd_free(*out);
-        *out = NULL;
-        *n = 0;
+        kvd_fmt(err, errlen, "out of memory listing %s", dir);
+        kvd_free(gens.g);
+        kvd_free(ref.g);
         return rc;
     }
-    if (*n)
-        qsort(*out, *n, sizeof(uint64_t), u64_desc);
+    if (gens.n)
+        qsort(gens.g, gens.n, sizeof(uint64_t), u64_desc);
+    if (ref.n)
+        qsort(ref.g, ref.n, sizeof(uint64_t), u64_desc);
+    *out = gens.g;
+    *n = gens.n;
+    if (refused)
+        *refused = ref;
     return KV_ERR_OK;
 }
 
-/* The file of generation gen in dir; 0 when the name does not fit buf (a snapshot_dir that
- * long is refused where a file is written; a load or a prune skips the name). */
-static int snap_path(char *buf, size_t len, const char *dir, uint64_t gen, int tmp)
+/* The file of generation gen in dir (suffix: SNAP_GEN, SNAP_TMP, SNAP_REFUSED); 0 when the
+ * name does not fit buf (a snapshot_dir that long is refused where a file is written; a load
+ * or a prune skips the name). */
+static int snap_path(char *buf, size_t len, const char *dir, uint64_t gen, const char *suffix)
 {
-    int n = snprintf(buf, len, "%s/cache.%020" PRIu64 ".snap%s", dir, gen, tmp ? ".tmp" : "");
+    int n = snprintf(buf, len, "%s/cache.%020" PRIu64 ".snap%s", dir, gen, suffix);
     return n >= 0 && (size_t)n < len;
 }
 
@@ -606,6 +628,36 @@ static int snap_fsync_dir(const char *dir, char *err, size_t errlen)
     return KV_ERR_OK;
 }
 
+/* A generation refused as corrupt (rc MALFORMED: its own bytes are wrong — CRC, a bad field,
+ * truncated, trailing bytes) is renamed cache.<gen>.snap.refused, out of the generations. Left
+ * under its name it stayed one of the two newest, so the next write kept it and pruned the
+ * older generation that had just loaded: one more fault and nothing was loadable. The file is
+ * kept for an operator to inspect (the writer prunes all but the KVD_SNAP_KEEP_REFUSED newest).
+ * Not for an identity mismatch (GEOMETRY_MISMATCH: another configuration's cache, intact), nor
+ * for I/O errors, out of memory or a record the core refused: those keep today's handling.
+ * Appends what happened to line[len] (the log line). A failed rename (read-only directory)
+ * leaves the file where it was, as before this existed. */
+static void snap_set_aside(const char *dir, uint64_t gen, const char *path, char *line, size_t len)
+{
+    char to[1040];
+    size_t at = strlen(line);
+    if (!snap_path(to, sizeof(to), dir, gen, SNAP_REFUSED)) {
+        snprintf(line + at, len - at, "; could not set it aside, left in place: name too long");
+        return;
+    }
+    if (rename(path, to) != 0) {
+        snprintf(line + at, len - at,
+                 "; could not set it aside, left in place: rename(%s, %s) failed: %s", path, to,
+                 strerror(errno));
+        return;
+    }
+    char why[512];
+    if (snap_fsync_dir(dir, why, sizeof(why)) != KV_ERR_OK)
+        snprintf(line + at, len - at, "; set aside as %s (not durable: %s)", to, why);
+    else
+        snprintf(line + at, len - at, "; set aside as %s", to);
+}
+
 int kvd_snap_load(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id, kvd_snap_log_fn log,
                   void *log_ud, kvd_snap_result_t *r, char *err, size_t errlen)
 {
@@ -613,25 +665,27 @@ int kvd_snap_load(kvd_core_t *c, const char *dir, const kvd_snap_ident_t *id, kv
     memset(r, 0, sizeof(*r));
     uint64_t *gens;
     size_t n;
-    int rc = snap_list(dir, &gens, &n, 1, err, errlen);
+    int rc = snap_list(dir, &gens, &n, NULL, 1, err, errlen);
     if (rc != KV_ERR_OK)
         return rc;
     uint32_t refused = 0;
     for (size_t i = 0; i < n; i++) {
         char path[1024], why[512] = "";
-        if (!snap_path(path, sizeof(path), dir, gens[i], 0))
+        if (!snap_path(path, sizeof(path), dir, gens[i], SNAP_GEN))
             continue;
         kvd_snap_result_t one;
-        if (kvd_snap_load_file(c, path, id, &one, why, sizeof(why)) == KV_ERR_OK) {
+        int lrc = kvd_snap_load_file(c, path, id, &one, why, sizeof(why));
+        if (lrc == KV_ERR_OK) {
             *r = one;
             break;
         }
         refused++;
-        if (log) {
-            char line[1600];
-            snprintf(line, sizeof(line), "%s: %s", path, why);
+        char line[2800];
+        snprintf(line, sizeof(line), "%s: %s", path, why);
+        if (lrc == KV_ERR_MALFORMED)
+            snap_set_aside(dir, gens[i], path, line, sizeof(line));
+        if (log)
             log(log_ud, line);
-        }
     }
     kvd_free(gens);
     r->refused = refused;
@@ -738,11 +792,18 @@ int kvd_snap_writer_begin(kvd_snap_writer_t **out, kvd_core_t *c, const char *di
     uint64_t t0 = kvd_mono_ns();
     uint64_t *gens;
     size_t ngen;
-    int rc = snap_list(dir, &gens, &ngen, 0, err, errlen);
+    snap_gens_t ref;
+    int rc = snap_list(dir, &gens, &ngen, &ref, 0, err, errlen);
     if (rc != KV_ERR_OK)
         return rc;
-    uint64_t gen = ngen ? gens[0] + 1 : 1;
+    /* above the set-aside ones too: reusing a refused generation's number would put a good
+     * file and a corrupt one under the same <gen> (and a later refusal would replace it) */
+    uint64_t top = ngen ? gens[0] : 0;
+    if (ref.n && ref.g[0] > top)
+        top = ref.g[0];
+    uint64_t gen = top + 1;
     kvd_free(gens);
+    kvd_free(ref.g);
     kvd_stats_t st;
     kvd_core_stats(c, &st);
     uint64_t maxpb = id->page_bytes[0] > id->page_bytes[1] ? id->page_bytes[0] : id->page_bytes[1];
@@ -770,8 +831,8 @@ int kvd_snap_writer_begin(kvd_snap_writer_t **out, kvd_core_t *c, const char *di
     w->gen = gen;
     w->t0 = t0;
     if (snprintf(w->dir, sizeof(w->dir), "%s", dir) >= (int)sizeof(w->dir) ||
-        !snap_path(w->tmp, sizeof(w->tmp), dir, gen, 1) ||
-        !snap_path(w->fin, sizeof(w->fin), dir, gen, 0)) {
+        !snap_path(w->tmp, sizeof(w->tmp), dir, gen, SNAP_TMP) ||
+        !snap_path(w->fin, sizeof(w->fin), dir, gen, SNAP_GEN)) {
         kvd_fmt(err, errlen, "snapshot_dir %.64s... is too long for a file name here", dir);
         kvd_free(w->col.e);
         kvd_free(w->buf);
@@ -881,14 +942,19 @@ static void snap_writer_settle(kvd_snap_writer_t *w)
                KV_ERR_OK) {
         uint64_t *gens;
         size_t ngen;
+        snap_gens_t ref;
         char ignore[256];
-        if (snap_list(w->dir, &gens, &ngen, 0, ignore, sizeof(ignore)) == KV_ERR_OK) {
-            for (size_t i = KVD_SNAP_KEEP; i < ngen; i++) {
-                char old[1024];
-                if (snap_path(old, sizeof(old), w->dir, gens[i], 0))
+        if (snap_list(w->dir, &gens, &ngen, &ref, 0, ignore, sizeof(ignore)) == KV_ERR_OK) {
+            char old[1040];
+            for (size_t i = KVD_SNAP_KEEP; i < ngen; i++)
+                if (snap_path(old, sizeof(old), w->dir, gens[i], SNAP_GEN))
                     unlink(old);
-            }
+            /* set-aside files are bounded too, so that repeated refusals cannot fill the disk */
+            for (size_t i = KVD_SNAP_KEEP_REFUSED; i < ref.n; i++)
+                if (snap_path(old, sizeof(old), w->dir, ref.g[i], SNAP_REFUSED))
+                    unlink(old);
             kvd_free(gens);
+            kvd_free(ref.g);
         }
     }
     w->ns = kvd_mono_ns() - w->t0;

@@ -9,21 +9,31 @@
  *   cache.<gen>.snap            one generation: header + one record per cached page (0600).
  *                               <gen> is 20 decimal digits, so names sort like generations.
  *   cache.<gen>.snap.tmp        a write in progress (a crash leaves one; removed at load).
+ *   cache.<gen>.snap.refused    a generation the loader refused as corrupt (MALFORMED: CRC,
+ *                               a bad field, truncated), renamed out of the generations so the
+ *                               next write does not keep it in place of the older one that
+ *                               loaded; kept for inspection, the writer prunes all but the
+ *                               KVD_SNAP_KEEP_REFUSED newest. Never loaded, never counted as a
+ *                               generation; new generations are numbered above them. A file
+ *                               of another identity (GEOMETRY_MISMATCH) is left as it is.
  *
  * Write: collect the cache (kvd_core_cache_foreach, LRU head first), then slice by slice copy
  * the pages and build their records (loop thread) and write them to the .tmp file (any thread:
  * no core access), the header last (pwrite at offset 0, with the counts of what was written),
  * fsync, rename it over its final name, fsync the directory, then delete every generation but
- * the two newest — all of that after the copy on the thread that writes the last slice. A
- * failure at any step removes the .tmp file and keeps what was there: a crash leaves either
- * the old generations or the new one, never a torn file under a final name.
+ * the two newest, and every .refused file but the two newest — all of that after the copy on
+ * the thread that writes the last slice. A failure at any step removes the .tmp file and keeps
+ * what was there: a crash leaves either the old generations or the new one, never a torn file
+ * under a final name.
  *
  * Load: generations newest first. Each file is checked completely — header fields, identity
  * (geometry, page bytes per format, format/hash/layout versions, namespace, salt), its size
  * against the counts, every record's CRC32C — and refused with a reason naming the file when
- * anything is off; the next older generation is tried, then the cache starts empty. Records go
- * into fresh pages (kvd_core_cache_restore); an error in the middle of a file releases every
- * page that file restored before the next generation is tried: never half a generation.
+ * anything is off; the next older generation is tried, then the cache starts empty. A file
+ * refused as MALFORMED is renamed to .refused first (above; the log line says so, or why the
+ * rename failed, in which case it stays where it was). Records go into fresh pages
+ * (kvd_core_cache_restore); an error in the middle of a file releases every page that file
+ * restored before the next generation is tried: never half a generation.
  *
  * Every field read from a file is untrusted. The parser (kvd_snap_parse_buf, also what the
  * fuzz target tests/fuzz/fuzz_snapshot.c drives) checks bounds before arithmetic, all in 64
@@ -57,6 +67,7 @@
 #define KVD_SNAP_RECORD_BYTES   64u /* record header; the page's bytes follow */
 #define KVD_SNAP_ID_BYTES       16u
 #define KVD_SNAP_KEEP           2            /* generations kept */
+#define KVD_SNAP_KEEP_REFUSED   2            /* set-aside (.refused) files kept */
 #define KVD_SNAP_MAX_PAGES      (1ull << 32) /* a count above this is refused before any I/O */
 
 /* What a snapshot must match to be loaded (and what a written one records). */
@@ -127,7 +138,9 @@ int kvd_snap_writer_run(kvd_snap_writer_t *w, kvd_core_t *c);
 uint64_t kvd_snap_writer_generation(const kvd_snap_writer_t *w);
 int kvd_snap_writer_end(kvd_snap_writer_t **pw, kvd_snap_result_t *r, char *err, size_t errlen);
 
-/* Called once per refused generation with a line "FILE: reason" (for the log). */
+/* Called once per refused generation with a line "FILE: reason" (for the log), plus
+ * "; set aside as FILE.refused" or "; could not set it aside, left in place: …" when the
+ * file was refused as corrupt. */
 typedef void (*kvd_snap_log_fn)(void *ud, const char *line);
 
 /* Load the newest generation that passes every check (see the top). Returns KV_ERR_OK also

@@ -4,7 +4,9 @@
  * directory; a new client looks the same tokens up and hits all N pages with identical bytes
  * through its own mapping (the shutdown right after `kvctl snapshot` does not rewrite the
  * unchanged cache). Then the newest generation gets one flipped byte: the next daemon
- * refuses it (the log names the file and "CRC32C mismatch") and loads the older one. Then a
+ * refuses it (the log names the file and "CRC32C mismatch"), sets it aside as .refused and
+ * loads the older one, which the next write keeps (it once pruned it, keeping the corrupt
+ * newest). Then a
  * daemon with another head_dim: every generation refused with "geometry mismatch", the cache
  * starts empty, and the daemon serves. `kvctl check` is clean at every step; the temporary
  * directories are removed at the end. Also: snapshot_ms writes after a change and not while
@@ -124,6 +126,26 @@ static size_t newest(char *out, size_t cap)
     return n;
 }
 
+/* 1 when sdir holds cache.<20-digit gen>.snap<suffix>. */
+static int has_gen(unsigned gen, const char *suffix)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/cache.%020u.snap%s", sdir, gen, suffix);
+    return access(p, F_OK) == 0;
+}
+
+static int count_refused(void)
+{
+    DIR *d = opendir(sdir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strstr(e->d_name, ".snap.refused") != NULL;
+    closedir(d);
+    return n;
+}
+
 static void test_snapshot_restart(void **state)
 {
     itest_tmpdir(sdir, sizeof sdir, "kvd-it-snap");
@@ -172,8 +194,24 @@ static void test_snapshot_restart(void **state)
     log_has(&k, "CRC32C mismatch");
     log_has(&k, "snapshot loaded: generation 1");
     assert_int_equal(itest_stat(&k, "snapshot_load_refused"), 1);
+    log_has(&k, "set aside as");
     assert_int_equal(lookup_prompt(&k), NPAGES);
     itest_assert_check(&k);
+    assert_int_equal(itest_kvd_stop(&k), 0); /* the lookup moved the LRU: generation 3 */
+    /* regression (refused newest kept, good older pruned): the corrupt 2 was set aside, so the
+     * shutdown write kept 3 and the 1 that loaded, not 3 and the broken 2 */
+    assert_true(has_gen(3, ""));
+    assert_true(has_gen(1, ""));
+    assert_false(has_gen(2, ""));
+    assert_true(has_gen(2, ".refused"));
+    /* and 1 still loads on its own */
+    char g3[512];
+    snprintf(g3, sizeof g3, "%s/cache.%020u.snap", sdir, 3u);
+    assert_int_equal(unlink(g3), 0);
+    start(&k, "64");
+    log_has(&k, "snapshot loaded: generation 1");
+    assert_int_equal(itest_stat(&k, "snapshot_load_refused"), 0);
+    assert_int_equal(lookup_prompt(&k), NPAGES);
     assert_int_equal(itest_kvd_stop(&k), 0);
 
     /* 4. another head_dim: every generation refused, empty cache, the daemon serves */
@@ -188,6 +226,9 @@ static void test_snapshot_restart(void **state)
     kvc_close(&c);
     itest_assert_check(&k);
     assert_int_equal(itest_kvd_stop(&k), 0);
+    /* another configuration's cache is intact: refused but never set aside */
+    assert_int_equal(count_refused(), 1);
+    assert_true(has_gen(2, ".refused"));
 
     itest_rmtree(sdir);
 }

@@ -9,11 +9,14 @@
  * allocation failure during a load, the end of a sliced write (rename, pruning) done by
  * the thread of its last flush, not by end's, and a write that runs out of room (short write,
  * then an error naming the file; the .tmp removed, the previous generation kept), and a FIFO
- * where a snapshot or the salt belongs (refused, not waited on).
+ * where a snapshot or the salt belongs (refused, not waited on). A generation refused as
+ * corrupt is set aside as .refused (not one of another identity), so the next write keeps the
+ * older one that loaded; a failed rename leaves it in place; the writer bounds the .refused.
  * Fixture: core_fixture.h (3 tokens per page, 7 FP8 and 5 TQ3 pages).
  */
 #include "core_fixture.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -735,8 +738,28 @@ static void test_generations_fallback(void **state)
     uint32_t out[8];
     assert_int_equal(lookup_prompt(b, 2, 2, out), 2);
     FX_CHECK(b);
+    /* regression (refused newest kept, good older pruned): the corrupt 4 is set aside, so the
+     * next write (5, numbered above it) keeps 5 and the 3 that loaded, not 5 and the broken 4 */
+    assert_non_null(strstr(lg.last, "set aside as"));
+    assert_false(gen_exists(4, ""));
+    assert_true(gen_exists(4, ".refused"));
+    kvd_snap_result_t r5;
+    SNAP_OK(kvd_snap_write(b, tdir, &id, &r5, err, sizeof(err)));
+    assert_int_equal(r5.generation, 5);
+    assert_true(gen_exists(5, ""));
+    assert_true(gen_exists(3, ""));
+    assert_true(gen_exists(4, ".refused"));
     kvd_core_free(&b);
-    /* generation 3 truncated too: both refused, the cache starts empty */
+    /* ... and with 5 gone, 3 still loads */
+    assert_int_equal(unlink(r5.path), 0);
+    b = snap_core(FX_FP8, FX_TQ3);
+    lg.n = 0;
+    SNAP_OK(kvd_snap_load(b, tdir, &id, log_cb, &lg, &lr, err, sizeof(err)));
+    assert_int_equal(lr.generation, 3);
+    assert_int_equal(lr.pages, 4);
+    assert_int_equal(lg.n, 0);
+    kvd_core_free(&b);
+    /* generation 3 truncated too: refused and set aside (4 already is), the cache starts empty */
     buf = read_file(r3.path, &len);
     write_file(r3.path, buf, len - 1);
     free(buf);
@@ -744,13 +767,106 @@ static void test_generations_fallback(void **state)
     lg.n = 0;
     SNAP_OK(kvd_snap_load(b, tdir, &id, log_cb, &lg, &lr, err, sizeof(err)));
     assert_int_equal(lr.pages, 0);
-    assert_int_equal(lr.refused, 2);
-    assert_int_equal(lg.n, 2);
+    assert_int_equal(lr.refused, 1);
+    assert_int_equal(lg.n, 1);
     assert_non_null(strstr(lg.last, "truncated"));
+    assert_non_null(strstr(lg.last, "set aside as"));
+    assert_true(gen_exists(3, ".refused"));
     assert_int_equal(fx_stats(b).cache_entries, 0);
     FX_CHECK(b);
     kvd_core_free(&b);
     kvd_core_free(&only1);
+    kvd_core_free(&a);
+}
+
+static int count_refused(void)
+{
+    DIR *d = opendir(tdir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strstr(e->d_name, ".snap.refused"))
+            n++;
+    closedir(d);
+    return n;
+}
+
+static void flip_byte(const char *path)
+{
+    size_t len;
+    uint8_t *buf = read_file(path, &len);
+    buf[len - 10] ^= 0x01;
+    write_file(path, buf, len);
+    free(buf);
+}
+
+/* Which refusals set a file aside, what happens when the rename fails, and the bound on the
+ * set-aside files. */
+static void test_refused_set_aside(void **state)
+{
+    kvd_snap_ident_t id;
+    kvd_snap_result_t r1, r, lr;
+    char err[512] = "";
+    kvd_core_t *a = snapped_core(&id, &r1); /* generation 1 */
+    SNAP_OK(kvd_snap_write(a, tdir, &id, &r, err, sizeof(err)));
+    assert_int_equal(r.generation, 2);
+    /* another identity (here the namespace): refused, but intact: left under its name */
+    kvd_snap_ident_t other = id;
+    other.ns_id[0] ^= 1;
+    kvd_core_t *b = snap_core(FX_FP8, FX_TQ3);
+    log_t lg = {0};
+    SNAP_OK(kvd_snap_load(b, tdir, &other, log_cb, &lg, &lr, err, sizeof(err)));
+    assert_int_equal(lr.refused, 2);
+    assert_non_null(strstr(lg.last, "another namespace"));
+    assert_null(strstr(lg.last, "set aside"));
+    assert_true(gen_exists(1, "") && gen_exists(2, ""));
+    assert_int_equal(count_refused(), 0);
+    kvd_core_free(&b);
+    /* the rename fails (a directory holds the name; root ignores a read-only directory's
+     * mode): logged with the reason, the file stays, the older generation loads as before */
+    flip_byte(r.path);
+    char blocker[512], inside[600];
+    gen_path(blocker, sizeof(blocker), 2, ".refused");
+    assert_int_equal(mkdir(blocker, 0700), 0);
+    snprintf(inside, sizeof(inside), "%s/x", blocker);
+    write_file(inside, (const uint8_t *)"x", 1);
+    b = snap_core(FX_FP8, FX_TQ3);
+    lg.n = 0;
+    SNAP_OK(kvd_snap_load(b, tdir, &id, log_cb, &lg, &lr, err, sizeof(err)));
+    assert_int_equal(lr.generation, 1);
+    assert_int_equal(lg.n, 1);
+    assert_non_null(strstr(lg.last, "CRC32C mismatch"));
+    assert_non_null(strstr(lg.last, "could not set it aside"));
+    assert_non_null(strstr(lg.last, "rename("));
+    assert_true(gen_exists(2, ""));
+    kvd_core_free(&b);
+    assert_int_equal(unlink(inside), 0);
+    assert_int_equal(rmdir(blocker), 0);
+    /* bound: four corrupt generations in a row (2, 3, 4, 5), each refused and set aside, each
+     * followed by a write; generation 1, which loads every time, is never pruned, and at most
+     * KVD_SNAP_KEEP_REFUSED set-aside files are left after a write, the newest ones */
+    for (unsigned g = 2; g <= 5; g++) {
+        if (g > 2) {
+            SNAP_OK(kvd_snap_write(a, tdir, &id, &r, err, sizeof(err)));
+            assert_int_equal(r.generation, g);
+            flip_byte(r.path);
+        }
+        b = snap_core(FX_FP8, FX_TQ3);
+        SNAP_OK(kvd_snap_load(b, tdir, &id, NULL, NULL, &lr, err, sizeof(err)));
+        assert_int_equal(lr.generation, 1);
+        assert_int_equal(lr.refused, 1);
+        assert_true(gen_exists(g, ".refused"));
+        kvd_core_free(&b);
+    }
+    /* the write of 5 pruned 2 (it had 2, 3, 4); the loader adds without pruning, so 3 now */
+    assert_int_equal(count_refused(), 3);
+    assert_false(gen_exists(2, ".refused"));
+    SNAP_OK(kvd_snap_write(a, tdir, &id, &r, err, sizeof(err)));
+    assert_int_equal(r.generation, 6);
+    assert_int_equal(count_refused(), KVD_SNAP_KEEP_REFUSED);
+    assert_true(gen_exists(5, ".refused") && gen_exists(4, ".refused"));
+    assert_true(gen_exists(6, "") && gen_exists(1, ""));
     kvd_core_free(&a);
 }
 
@@ -1049,6 +1165,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_round_trip, tdir_setup, tdir_teardown),
         cmocka_unit_test_setup_teardown(test_parser_refuses, tdir_setup, tdir_teardown),
         cmocka_unit_test_setup_teardown(test_generations_fallback, tdir_setup, tdir_teardown),
+        cmocka_unit_test_setup_teardown(test_refused_set_aside, tdir_setup, tdir_teardown),
         cmocka_unit_test_setup_teardown(test_rollback_half_load, tdir_setup, tdir_teardown),
         cmocka_unit_test_setup_teardown(test_budget_keeps_newest, tdir_setup, tdir_teardown),
         cmocka_unit_test_setup_teardown(test_load_oom, tdir_setup, tdir_teardown),
