@@ -175,6 +175,26 @@ def _host_buf(obj, writable):
     return ctypes.addressof(cbuf), raw.nbytes, fmt, (cbuf, raw)
 
 
+def _kv_bufs(on_device, k, v, dtype):
+    """(k address, v address, kvs_dtype_t, k bytes, v bytes, keepalive) of an append's K/V:
+    device addresses (bytes None; dtype default f16) or host buffers (dtype from the buffer
+    format unless given)."""
+    if on_device:
+        ka, va = _dev_ptr(k), _dev_ptr(v)
+        if ka is None or va is None:
+            raise TypeError("device backend: k and v must be device addresses")
+        return ka, va, _dtype(dtype if dtype is not None else "f16"), None, None, None
+    ka, kb, kf, kk = _host_buf(k, False)
+    va, vb, _, vk = _host_buf(v, False)
+    if dtype is None:
+        if kf not in _FORMATS:
+            raise TypeError(f"buffer format {kf!r}: give dtype ('f32', 'f16', 'bf16')")
+        dt = _FORMATS[kf]
+    else:
+        dt = _dtype(dtype)
+    return ka, va, dt, kb, vb, (kk, vk)
+
+
 class Shim:
     """One libkvshim session (kvs_t): a connection to the daemon and its mapped pools."""
 
@@ -261,22 +281,8 @@ class Shim:
             if not isinstance(sq, Seq) or sq._shim is not self or not sq._q:
                 raise ValueError("append_batch takes open sequences of this Shim")
         handles = (_P * max(1, len(seqs)))(*[sq._q for sq in seqs])
-        if self.on_device:
-            ka, va = _dev_ptr(k), _dev_ptr(v)
-            if ka is None or va is None:
-                raise TypeError("device backend: k and v must be device addresses")
-            dt = _dtype(dtype if dtype is not None else "f16")
-            keep = None
-        else:
-            ka, kb, kf, kk = _host_buf(k, False)
-            va, vb, _, vk = _host_buf(v, False)
-            keep = (kk, vk)
-            if dtype is None:
-                if kf not in _FORMATS:
-                    raise TypeError(f"buffer format {kf!r}: give dtype ('f32', 'f16', 'bf16')")
-                dt = _FORMATS[kf]
-            else:
-                dt = _dtype(dtype)
+        ka, va, dt, kb, vb, keep = _kv_bufs(self.on_device, k, v, dtype)
+        if not self.on_device:
             need = len(seqs) * m * g.kv_heads * g.head_dim * _ITEMSIZE[dt]
             if kb != need or vb != need:
                 raise ValueError(f"k and v must be [{len(seqs)}][{m}][{g.kv_heads}]"
@@ -331,24 +337,11 @@ class Seq:
         if m is not None:
             _uint(m, "m")
         row = g.kv_heads * g.head_dim
+        ka, va, dt, kb, vb, keep = _kv_bufs(self._shim.on_device, k, v, dtype)
         if self._shim.on_device:
-            ka, va = _dev_ptr(k), _dev_ptr(v)
-            if ka is None or va is None:
-                raise TypeError("device backend: k and v must be device addresses")
-            dt = _dtype(dtype if dtype is not None else "f16")
             if m is None:
                 raise ValueError("device backend: give m")
-            keep = None
         else:
-            ka, kb, kf, kk = _host_buf(k, False)
-            va, vb, _, vk = _host_buf(v, False)
-            keep = (kk, vk)
-            if dtype is None:
-                if kf not in _FORMATS:
-                    raise TypeError(f"buffer format {kf!r}: give dtype ('f32', 'f16', 'bf16')")
-                dt = _FORMATS[kf]
-            else:
-                dt = _dtype(dtype)
             per = row * _ITEMSIZE[dt]
             if kb != vb or kb % per:
                 raise ValueError(f"k and v must be [m][{g.kv_heads}][{g.head_dim}] of the same "
