@@ -49,6 +49,7 @@
 #include <float.h>
 #include <math.h>
 
+#include <atomic>
 #include <type_traits>
 #include <utility>
 
@@ -2217,15 +2218,32 @@ template <int D, int WARPS> cudaError_t launch_fast(const AttnArgs &a, dim3 grid
  * half the waves and one block's prologue and epilogue overlap the other's loop. H200, session
  * 15: B=32 4K all-TQ3 0.0609 → 0.0487 ms, mix 0.0672 → 0.0541, B=128 4K 0.2333 → 0.1803;
  * at B=8 (128 blocks) two of 8 were 2-4% slower. */
+/* The current device's SM count, queried once per device (up to kSmCache devices; beyond,
+ * every call): launch_partial runs on every decode call. 0 when the runtime cannot say. */
+constexpr int kSmCache = 64;
+int current_sm_count()
+{
+    static std::atomic<int> cache[kSmCache];
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (dev >= 0 && dev < kSmCache && (sms = cache[dev].load(std::memory_order_relaxed)) > 0)
+        return sms;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (dev >= 0 && dev < kSmCache)
+        cache[dev].store(sms, std::memory_order_relaxed);
+    return sms;
+}
+
 bool two_per_sm(dim3 grid)
 {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return (uint64_t)grid.x * grid.y * grid.z > (uint64_t)sms;
+    const int sms = current_sm_count();
+    return sms > 0 && (uint64_t)grid.x * grid.y * grid.z > (uint64_t)sms;
 }
 
 template <int D> cudaError_t launch_partial(const AttnArgs &a, dim3 grid, cudaStream_t st)
